@@ -1,0 +1,36 @@
+//! Subcommands, in llama.cpp's conventions where it has one.
+
+mod eval;
+mod inspect;
+mod quantize;
+mod tensor;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "deltaq", version, about = "Run Qwen3.5 GGUF models on CPUs")]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the model on token ids and write the logits of every position as .npy
+    Eval(eval::Args),
+    /// Print a GGUF file's metadata and tensor table (like gguf-dump)
+    Inspect(inspect::Args),
+    /// Write one tensor, dequantized to float32, as a NumPy .npy file
+    Tensor(tensor::Args),
+    /// Quantize a GGUF file with llama-quantize's recipes
+    Quantize(quantize::Args),
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Eval(a) => eval::run(a),
+        Command::Inspect(a) => inspect::run(a),
+        Command::Tensor(a) => tensor::run(a),
+        Command::Quantize(a) => quantize::run(a),
+    }
+}

@@ -1,0 +1,8 @@
+//! deltaq: a CPU runtime for the Qwen3.5 small language models, from GGUF files.
+
+pub mod gguf;
+pub mod kernels;
+pub mod model;
+pub mod npy;
+pub mod quant;
+pub mod quantize;

@@ -1,0 +1,391 @@
+//! Gated DeltaNet (spec §3.3 and §4): causal depthwise conv with a rolling state, L2-normed q/k, and the
+//! gated delta rule, either token by token (recurrent) or chunk by chunk (WY / UT form) for prompts.
+
+use rayon::prelude::*;
+
+use super::hparams::HParams;
+use super::weights::DeltaNetWeights;
+use crate::kernels::ops::{axpy, dot, l2_norm, rms_norm, sigmoid, silu, softplus};
+use crate::kernels::{matmul, Weight};
+
+/// Tokens per chunk of the chunked form (transformers and llama.cpp both use 64).
+pub const CHUNK: usize = 64;
+
+/// Per-sequence state of one DeltaNet layer, zero at sequence start.
+#[derive(Clone, Debug)]
+pub struct DeltaState {
+    /// `[C][K−1]`: the last K−1 raw (pre-conv) qkv inputs per channel, oldest first (llama.cpp's layout).
+    pub conv: Vec<f32>,
+    /// `[Hv][dv][dk]`: per value head `M[j][i] = S[i][j]` (llama.cpp's transposed layout), so reads and
+    /// outputs are contiguous dot products over rows.
+    pub s: Vec<f32>,
+}
+
+impl DeltaState {
+    pub fn new(hp: &HParams) -> DeltaState {
+        DeltaState {
+            conv: vec![0.0; hp.conv_channels() * (hp.conv_kernel - 1)],
+            s: vec![0.0; hp.n_v_heads * hp.d_v * hp.d_k],
+        }
+    }
+}
+
+/// Which form of the delta rule a multi-token call uses (single tokens are always recurrent).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeltaMode {
+    #[default]
+    Chunked,
+    Recurrent,
+}
+
+/// `a`: `[T × d]` normed inputs; writes the block output `[T × d]` to `out`.
+pub fn forward(
+    w: &DeltaNetWeights,
+    hp: &HParams,
+    st: &mut DeltaState,
+    mode: DeltaMode,
+    a: &[f32],
+    out: &mut [f32],
+) {
+    let n_tok = a.len() / hp.n_embd;
+    let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
+    let c = hp.conv_channels();
+    let proj = |w: &Weight| {
+        let mut y = vec![0f32; n_tok * w.n_out];
+        matmul(w, a, n_tok, &mut y);
+        y
+    };
+    let u = proj(&w.wqkv); // [T × C]
+    let z = proj(&w.wz); // [T × Hv·dv]
+    let b = proj(&w.wbeta); // [T × Hv]
+    let alpha = proj(&w.walpha); // [T × Hv]
+
+    // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
+    let y = conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, &u, c);
+
+    // Split into q, k [T × Hk × dk] and v [T × Hv × dv]; L2-norm q and k per head, q scaled by 1/√dk.
+    let (nq, nv) = (hk * dk, hv * dv);
+    let mut q = vec![0f32; n_tok * nq];
+    let mut k = vec![0f32; n_tok * nq];
+    let mut v = vec![0f32; n_tok * nv];
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    for t in 0..n_tok {
+        let yt = &y[t * c..(t + 1) * c];
+        q[t * nq..][..nq].copy_from_slice(&yt[..nq]);
+        k[t * nq..][..nq].copy_from_slice(&yt[nq..2 * nq]);
+        v[t * nv..][..nv].copy_from_slice(&yt[2 * nq..]);
+    }
+    for h in q.chunks_exact_mut(dk) {
+        l2_norm(h, hp.rms_eps);
+        h.iter_mut().for_each(|x| *x *= q_scale);
+    }
+    for h in k.chunks_exact_mut(dk) {
+        l2_norm(h, hp.rms_eps);
+    }
+
+    // β = σ(b); log-decay g = A · softplus(α + dt_bias) ≤ 0. Both [T × Hv].
+    let beta: Vec<f32> = b.iter().map(|&x| sigmoid(x)).collect();
+    let g: Vec<f32> = alpha
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| w.a[i % hv] * softplus(x + w.dt_bias[i % hv]))
+        .collect();
+
+    // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
+    let mut o_heads = vec![0f32; hv * n_tok * dv]; // [Hv × T × dv]
+    st.s.par_chunks_mut(dv * dk)
+        .zip(o_heads.par_chunks_mut(n_tok * dv))
+        .enumerate()
+        .for_each(|(h, (s, o))| {
+            let kh = h % hk;
+            let gather = |x: &[f32], stride: usize, off: usize, n: usize| -> Vec<f32> {
+                (0..n_tok)
+                    .flat_map(|t| x[t * stride + off..][..n].iter().copied())
+                    .collect()
+            };
+            let qh = gather(&q, nq, kh * dk, dk);
+            let kh_ = gather(&k, nq, kh * dk, dk);
+            let vh = gather(&v, nv, h * dv, dv);
+            let gh = gather(&g, hv, h, 1);
+            let bh = gather(&beta, hv, h, 1);
+            let heads = Head {
+                q: &qh,
+                k: &kh_,
+                v: &vh,
+                g: &gh,
+                beta: &bh,
+                dk,
+                dv,
+            };
+            match mode {
+                DeltaMode::Chunked if n_tok > 1 => chunked(s, &heads, CHUNK, o),
+                _ => recurrent(s, &heads, o),
+            }
+        });
+
+    // Gated RMSNorm per head: RMSNorm(o_h; ssm_norm) ⊙ silu(z_h), back in token-major order [T × Hv·dv].
+    let mut n = vec![0f32; n_tok * nv];
+    for t in 0..n_tok {
+        for h in 0..hv {
+            let dst = &mut n[t * nv + h * dv..][..dv];
+            dst.copy_from_slice(&o_heads[(h * n_tok + t) * dv..][..dv]);
+            rms_norm(dst, &w.norm, hp.rms_eps);
+            for (x, z) in dst.iter_mut().zip(&z[t * nv + h * dv..][..dv]) {
+                *x *= silu(*z);
+            }
+        }
+    }
+    matmul(&w.wout, &n, n_tok, out);
+}
+
+/// Causal depthwise conv + SiLU. `conv_w`: `[C][K]`; `state`: `[C][K−1]`, replaced by the last K−1 inputs.
+fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) -> Vec<f32> {
+    let n_tok = u.len() / c;
+    let ks = kk - 1;
+    // Input at window position p (0..K−1 = state, then the T new tokens).
+    let x = |st: &[f32], p: usize, ch: usize| {
+        if p < ks {
+            st[ch * ks + p]
+        } else {
+            u[(p - ks) * c + ch]
+        }
+    };
+    let mut y = vec![0f32; n_tok * c];
+    for t in 0..n_tok {
+        for ch in 0..c {
+            let w = &conv_w[ch * kk..][..kk];
+            let acc: f32 = (0..kk).map(|j| w[j] * x(state, t + j, ch)).sum();
+            y[t * c + ch] = silu(acc);
+        }
+    }
+    let old = state.to_vec();
+    for ch in 0..c {
+        for i in 0..ks {
+            state[ch * ks + i] = x(&old, n_tok + i, ch);
+        }
+    }
+    y
+}
+
+/// One value head's inputs for `T` tokens: `q`, `k` `[T × dk]` (normed, q scaled), `v` `[T × dv]`,
+/// log-decays `g` and write strengths `beta` `[T]`.
+pub struct Head<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub g: &'a [f32],
+    pub beta: &'a [f32],
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Token by token: `S ← e^g S; δ = β (v − Sᵀk); S ← S + k δᵀ; o = Sᵀq`. With `M = Sᵀ` stored row-major
+/// every value dim `j` is an independent row: decay, read, write and output are row operations.
+/// `m`: `[dv × dk]`; `out`: `[T × dv]`.
+pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
+    let (dk, dv) = (x.dk, x.dv);
+    for t in 0..x.g.len() {
+        let (q, k, v) = (
+            &x.q[t * dk..][..dk],
+            &x.k[t * dk..][..dk],
+            &x.v[t * dv..][..dv],
+        );
+        let decay = x.g[t].exp();
+        for (j, row) in m.chunks_exact_mut(dk).enumerate() {
+            row.iter_mut().for_each(|s| *s *= decay);
+            let delta = x.beta[t] * (v[j] - dot(row, k));
+            axpy(row, delta, k);
+            out[t * dv + j] = dot(row, q);
+        }
+    }
+}
+
+/// The chunked (WY / UT-transform) form of the same recurrence, spec §4, chunks of `chunk` tokens
+/// (the last one shorter instead of zero-padded: padding rows would not change anything).
+/// Every exponential is of `γ_i − γ_j` with `j ≤ i` (≤ 0): masked before exp, never a ratio.
+pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
+    let (dk, dv) = (x.dk, x.dv);
+    let n_tok = x.g.len();
+    let mut s0 = 0;
+    while s0 < n_tok {
+        let n = chunk.min(n_tok - s0);
+        let q = |i: usize| &x.q[(s0 + i) * dk..][..dk];
+        let k = |i: usize| &x.k[(s0 + i) * dk..][..dk];
+        let v = |i: usize| &x.v[(s0 + i) * dv..][..dv];
+        let beta = &x.beta[s0..s0 + n];
+
+        // γ_i = Σ_{s≤i} g_s (inclusive cumulative log-decay), in f64: γ can reach −10³ within a chunk and
+        // the f32 rounding of γ_i − γ_j would then cost ~1e-4 relative in every decay factor.
+        let gamma: Vec<f64> = x.g[s0..s0 + n]
+            .iter()
+            .scan(0f64, |acc, &g| {
+                *acc += g as f64;
+                Some(*acc)
+            })
+            .collect();
+        let decay = |i: usize, j: usize| (gamma[i] - gamma[j]).exp() as f32;
+        // A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}, strictly lower.
+        let mut a = vec![0f32; n * n];
+        for i in 0..n {
+            for j in 0..i {
+                a[i * n + j] = beta[i] * dot(k(i), k(j)) * decay(i, j);
+            }
+        }
+        // (I + A) U = β⊙V and (I + A) W = β⊙e^γ⊙K by forward substitution.
+        let mut uu = vec![0f32; n * dv];
+        let mut ww = vec![0f32; n * dk];
+        for i in 0..n {
+            let (done_u, rest_u) = uu.split_at_mut(i * dv);
+            let ui = &mut rest_u[..dv];
+            ui.iter_mut().zip(v(i)).for_each(|(u, v)| *u = beta[i] * v);
+            let (done_w, rest_w) = ww.split_at_mut(i * dk);
+            let wi = &mut rest_w[..dk];
+            let eg = gamma[i].exp() as f32;
+            wi.iter_mut()
+                .zip(k(i))
+                .for_each(|(w, k)| *w = beta[i] * eg * k);
+            for j in 0..i {
+                let aij = a[i * n + j];
+                if aij != 0.0 {
+                    axpy(ui, -aij, &done_u[j * dv..][..dv]);
+                    axpy(wi, -aij, &done_w[j * dk..][..dk]);
+                }
+            }
+        }
+        // V' = U − W·S (the per-token deltas) and the inter-chunk output e^γ ⊙ (Q·S), both with the incoming
+        // state: row j of M gives column j of S.
+        let mut vp = uu; // [n × dv]
+        let mut o = vec![0f32; n * dv];
+        let eg: Vec<f32> = gamma.iter().map(|g| g.exp() as f32).collect();
+        for (j, row) in m.chunks_exact(dk).enumerate() {
+            for i in 0..n {
+                vp[i * dv + j] -= dot(&ww[i * dk..][..dk], row);
+                o[i * dv + j] = eg[i] * dot(q(i), row);
+            }
+        }
+        // Intra-chunk: O_i += Σ_{t≤i} e^{γ_i−γ_t} (q_i·k_t) V'_t (diagonal included).
+        for i in 0..n {
+            let oi = &mut o[i * dv..][..dv];
+            for t in 0..=i {
+                let c = dot(q(i), k(t)) * decay(i, t);
+                axpy(oi, c, &vp[t * dv..][..dv]);
+            }
+        }
+        out[s0 * dv..(s0 + n) * dv].copy_from_slice(&o);
+        // S ← e^{γ_last} S + Σ_t e^{γ_last−γ_t} k_t V'_tᵀ
+        let decay_t: Vec<f32> = (0..n).map(|t| decay(n - 1, t)).collect();
+        let decay_all = eg[n - 1];
+        for (j, row) in m.chunks_exact_mut(dk).enumerate() {
+            row.iter_mut().for_each(|s| *s *= decay_all);
+            for t in 0..n {
+                axpy(row, decay_t[t] * vp[t * dv + j], k(t));
+            }
+        }
+        s0 += n;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Rng(u64);
+    impl Rng {
+        fn uniform(&mut self) -> f32 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            (self.0 >> 40) as f32 / (1u64 << 24) as f32
+        }
+        fn normal_vec(&mut self, n: usize) -> Vec<f32> {
+            (0..n)
+                .map(|_| (0..12).map(|_| self.uniform()).sum::<f32>() - 6.0)
+                .collect()
+        }
+    }
+
+    fn unit_rows(mut x: Vec<f32>, d: usize, scale: f32) -> Vec<f32> {
+        for r in x.chunks_exact_mut(d) {
+            l2_norm(r, 1e-6);
+            r.iter_mut().for_each(|v| *v *= scale);
+        }
+        x
+    }
+
+    /// Spec §4's recommended test: chunked vs recurrent in f32, dk = dv = 128, C = 64, g ∈ U(−20, −1e-4).
+    #[test]
+    fn chunked_matches_recurrent() {
+        let (dk, dv) = (128, 128);
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        for n_tok in [1usize, 63, 64, 65, 200] {
+            let q = unit_rows(rng.normal_vec(n_tok * dk), dk, 1.0 / (dk as f32).sqrt());
+            let k = unit_rows(rng.normal_vec(n_tok * dk), dk, 1.0);
+            let v = rng.normal_vec(n_tok * dv);
+            let g: Vec<f32> = (0..n_tok)
+                .map(|_| -1e-4 - rng.uniform() * (20.0 - 1e-4))
+                .collect();
+            let beta: Vec<f32> = (0..n_tok).map(|_| rng.uniform()).collect();
+            let s0: Vec<f32> = rng.normal_vec(dk * dv).iter().map(|x| x * 0.1).collect();
+            let head = Head {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                dk,
+                dv,
+            };
+            let (mut m1, mut m2) = (s0.clone(), s0.clone());
+            let (mut o1, mut o2) = (vec![0f32; n_tok * dv], vec![0f32; n_tok * dv]);
+            recurrent(&mut m1, &head, &mut o1);
+            chunked(&mut m2, &head, CHUNK, &mut o2);
+            let max = |a: &[f32], b: &[f32]| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f32, f32::max)
+            };
+            assert!(
+                max(&o1, &o2) < 1e-4,
+                "T={n_tok}: outputs differ by {}",
+                max(&o1, &o2)
+            );
+            assert!(
+                max(&m1, &m2) < 1e-4,
+                "T={n_tok}: states differ by {}",
+                max(&m1, &m2)
+            );
+        }
+    }
+
+    /// Slow decays (g near 0) keep the state large: the regime where errors would accumulate.
+    #[test]
+    fn chunked_matches_recurrent_slow_decay() {
+        let (dk, dv, n_tok) = (64, 64, 150);
+        let mut rng = Rng(42);
+        let q = unit_rows(rng.normal_vec(n_tok * dk), dk, 0.125);
+        let k = unit_rows(rng.normal_vec(n_tok * dk), dk, 1.0);
+        let v = rng.normal_vec(n_tok * dv);
+        let g: Vec<f32> = (0..n_tok).map(|_| -0.05 * rng.uniform()).collect();
+        let beta: Vec<f32> = (0..n_tok).map(|_| rng.uniform()).collect();
+        let head = Head {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+            dk,
+            dv,
+        };
+        let (mut m1, mut m2) = (vec![0f32; dk * dv], vec![0f32; dk * dv]);
+        let (mut o1, mut o2) = (vec![0f32; n_tok * dv], vec![0f32; n_tok * dv]);
+        recurrent(&mut m1, &head, &mut o1);
+        chunked(&mut m2, &head, 16, &mut o2);
+        let d = o1
+            .iter()
+            .zip(&o2)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(d < 1e-4, "outputs differ by {d}");
+    }
+}

@@ -1,0 +1,220 @@
+//! Hyperparameters from GGUF metadata (`qwen35.*` keys, spec §2.1).
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::gguf::GgufFile;
+
+pub const ARCH: &str = "qwen35";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerKind {
+    /// Gated full attention with a KV cache.
+    Attention,
+    /// Gated DeltaNet (linear attention) with conv + delta-rule state.
+    DeltaNet,
+}
+
+#[derive(Clone, Debug)]
+pub struct HParams {
+    /// Hidden size `d`.
+    pub n_embd: usize,
+    /// Decoder layers run in the main pass (`block_count − nextn_predict_layers`).
+    pub n_layer: usize,
+    /// `block_count`, including MTP blocks.
+    pub n_layer_all: usize,
+    pub n_ctx_train: usize,
+    pub kinds: Vec<LayerKind>,
+    /// Per layer (the keys may be scalars or per-layer arrays).
+    pub n_ff: Vec<usize>,
+    pub n_head: Vec<usize>,
+    pub n_head_kv: Vec<usize>,
+    /// Attention head dim (`key_length` = `value_length`).
+    pub head_dim: usize,
+    pub rms_eps: f32,
+    /// Rotary dims per head (partial NEOX RoPE).
+    pub n_rot: usize,
+    pub rope_base: f32,
+    pub conv_kernel: usize,
+    /// DeltaNet key heads `Hk` (`ssm.group_count`).
+    pub n_k_heads: usize,
+    /// DeltaNet value heads `Hv` (`ssm.time_step_rank`).
+    pub n_v_heads: usize,
+    /// DeltaNet key head dim `dk` (`ssm.state_size`).
+    pub d_k: usize,
+    /// DeltaNet value head dim `dv` (`ssm.inner_size / time_step_rank`).
+    pub d_v: usize,
+}
+
+impl HParams {
+    pub fn from_gguf(f: &GgufFile) -> Result<HParams> {
+        let arch = f.get_str("general.architecture")?;
+        if arch != ARCH {
+            bail!("unsupported model architecture '{arch}' (general.architecture): deltaq runs '{ARCH}' only");
+        }
+        let key = |k: &str| format!("{ARCH}.{k}");
+        let req = |k: &str| -> Result<usize> { Ok(f.get_u64(&key(k))? as usize) };
+        let opt = |k: &str, default: usize| -> Result<usize> {
+            match f.get(&key(k)) {
+                None => Ok(default),
+                Some(_) => req(k),
+            }
+        };
+
+        let n_layer_all = req("block_count")?;
+        let nextn = opt("nextn_predict_layers", 0)?;
+        ensure!(
+            nextn < n_layer_all,
+            "{} ({nextn}) must be < block_count ({n_layer_all})",
+            key("nextn_predict_layers")
+        );
+        let n_layer = n_layer_all - nextn;
+
+        let per_layer = |k: &str, default: Option<usize>| -> Result<Vec<usize>> {
+            let name = key(k);
+            match f.get(&name) {
+                None => default
+                    .map(|d| vec![d; n_layer])
+                    .with_context(|| format!("missing metadata key '{name}'")),
+                Some(v) => match v.as_array() {
+                    Some(a) => {
+                        let ints = a.ints().with_context(|| {
+                            format!("metadata '{name}' is not an integer array")
+                        })?;
+                        ensure!(
+                            ints.len() >= n_layer,
+                            "metadata '{name}' has {} entries for {n_layer} layers",
+                            ints.len()
+                        );
+                        Ok(ints[..n_layer].iter().map(|&i| i.max(0) as usize).collect())
+                    }
+                    None => Ok(vec![req(k)?; n_layer]),
+                },
+            }
+        };
+
+        let interval = opt("full_attention_interval", 4)?;
+        ensure!(
+            interval > 0,
+            "{} must be > 0",
+            key("full_attention_interval")
+        );
+        // llama.cpp: recurrent iff il < n_layer && (il+1) % interval != 0, unless `recurrent_layers` says so.
+        let kinds = match f.get(&key("attention.recurrent_layers")) {
+            Some(v) => {
+                let name = key("attention.recurrent_layers");
+                let a = v
+                    .as_array()
+                    .with_context(|| format!("metadata '{name}' is not an array"))?;
+                let flags = a
+                    .ints()
+                    .with_context(|| format!("metadata '{name}' is not a bool/int array"))?;
+                ensure!(
+                    flags.len() >= n_layer,
+                    "metadata '{name}' has {} entries for {n_layer} layers",
+                    flags.len()
+                );
+                flags[..n_layer]
+                    .iter()
+                    .map(|&r| {
+                        if r != 0 {
+                            LayerKind::DeltaNet
+                        } else {
+                            LayerKind::Attention
+                        }
+                    })
+                    .collect()
+            }
+            None => (0..n_layer)
+                .map(|il| {
+                    if !(il + 1).is_multiple_of(interval) {
+                        LayerKind::DeltaNet
+                    } else {
+                        LayerKind::Attention
+                    }
+                })
+                .collect(),
+        };
+
+        let n_head = per_layer("attention.head_count", None)?;
+        let n_head_kv = match f.get(&key("attention.head_count_kv")) {
+            None => n_head.clone(),
+            Some(_) => per_layer("attention.head_count_kv", None)?,
+        };
+        let head_dim = req("attention.key_length")?;
+        let v_len = req("attention.value_length")?;
+        ensure!(
+            head_dim == v_len,
+            "attention key_length ({head_dim}) != value_length ({v_len})"
+        );
+
+        let n_v_heads = req("ssm.time_step_rank")?;
+        let inner = req("ssm.inner_size")?;
+        ensure!(
+            n_v_heads > 0 && inner.is_multiple_of(n_v_heads),
+            "ssm.inner_size ({inner}) is not a multiple of ssm.time_step_rank ({n_v_heads})"
+        );
+        let rope_base = match f.get(&key("rope.freq_base")) {
+            None => 10000.0,
+            Some(_) => f.get_f32(&key("rope.freq_base"))?,
+        };
+
+        let hp = HParams {
+            n_embd: req("embedding_length")?,
+            n_layer,
+            n_layer_all,
+            n_ctx_train: req("context_length")?,
+            kinds,
+            n_ff: per_layer("feed_forward_length", None)?,
+            n_head,
+            n_head_kv,
+            head_dim,
+            rms_eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            n_rot: req("rope.dimension_count")?,
+            rope_base,
+            conv_kernel: req("ssm.conv_kernel")?,
+            n_k_heads: req("ssm.group_count")?,
+            n_v_heads,
+            d_k: req("ssm.state_size")?,
+            d_v: inner / n_v_heads,
+        };
+        hp.validate()?;
+        Ok(hp)
+    }
+
+    fn validate(&self) -> Result<()> {
+        ensure!(
+            self.n_layer > 0 && self.n_embd > 0,
+            "model has no layers or zero embedding length"
+        );
+        ensure!(
+            self.n_rot.is_multiple_of(2) && self.n_rot <= self.head_dim,
+            "rope.dimension_count {} must be even and ≤ head dim {}",
+            self.n_rot,
+            self.head_dim
+        );
+        ensure!(self.conv_kernel >= 1, "ssm.conv_kernel must be ≥ 1");
+        for il in 0..self.n_layer {
+            if self.kinds[il] == LayerKind::Attention {
+                let (h, kv) = (self.n_head[il], self.n_head_kv[il]);
+                ensure!(
+                    h > 0 && kv > 0 && h.is_multiple_of(kv),
+                    "layer {il}: head_count {h} is not a multiple of head_count_kv {kv}"
+                );
+            }
+        }
+        if self.kinds.contains(&LayerKind::DeltaNet) {
+            ensure!(
+                self.n_k_heads > 0 && self.n_v_heads.is_multiple_of(self.n_k_heads),
+                "ssm.time_step_rank ({}) is not a multiple of ssm.group_count ({})",
+                self.n_v_heads,
+                self.n_k_heads
+            );
+        }
+        Ok(())
+    }
+
+    /// DeltaNet conv channels: q and k (`Hk·dk` each) then v (`Hv·dv`).
+    pub fn conv_channels(&self) -> usize {
+        2 * self.n_k_heads * self.d_k + self.n_v_heads * self.d_v
+    }
+}

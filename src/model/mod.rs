@@ -1,0 +1,223 @@
+//! The Qwen3.5 (`qwen35`) text decoder: hybrid Gated DeltaNet + gated full attention (spec §3).
+//!
+//! ```text
+//! x = token_embd[tokens]                               [T × d]
+//! for each layer il:
+//!     x += Mixer_il(RMSNorm(x; attn_norm))             DeltaNet, or attention when (il+1) % 4 == 0
+//!     x += SwiGLU_il(RMSNorm(x; post_attention_norm))
+//! logits = W_out · RMSNorm(x; output_norm)             [T × V]
+//! ```
+//!
+//! [`Model`] is the read-only weights (views into the GGUF mapping); a [`Session`] is one sequence's state
+//! (KV cache, conv and delta-rule states) and is `Clone` for snapshot/restore.
+
+pub mod attention;
+pub mod deltanet;
+pub mod ffn;
+pub mod hparams;
+pub mod weights;
+
+use anyhow::{bail, Result};
+
+pub use deltanet::DeltaMode;
+pub use hparams::{HParams, LayerKind};
+pub use weights::Weights;
+
+use crate::gguf::GgufFile;
+use crate::kernels::matmul;
+use crate::kernels::ops::rms_norm;
+use attention::KvCache;
+use deltanet::DeltaState;
+
+/// Tokens processed per pass through the layers: bounds the scratch memory of long prompts.
+pub const UBATCH: usize = 512;
+
+pub struct Model<'a> {
+    pub hp: HParams,
+    pub w: Weights<'a>,
+}
+
+impl<'a> Model<'a> {
+    /// Reads the hyperparameters and checks every tensor (presence, type, shape); nothing is copied but
+    /// the small 1-D tensors.
+    pub fn load(f: &'a GgufFile) -> Result<Model<'a>> {
+        let hp = HParams::from_gguf(f)?;
+        let w = Weights::load(f, &hp)?;
+        Ok(Model { hp, w })
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        self.w.n_vocab()
+    }
+}
+
+/// Per-layer, per-sequence state.
+#[derive(Clone, Debug)]
+enum LayerState {
+    Attention(KvCache),
+    DeltaNet(DeltaState),
+}
+
+/// Which positions get logits.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Logits {
+    All,
+    Last,
+    None,
+}
+
+/// One sequence being decoded. Cloning it snapshots the whole state (KV cache and recurrent states).
+#[derive(Clone)]
+pub struct Session<'m> {
+    model: &'m Model<'m>,
+    n_ctx: usize,
+    pos: usize,
+    layers: Vec<LayerState>,
+    /// Delta-rule form for multi-token calls (tests compare the two).
+    pub delta_mode: DeltaMode,
+}
+
+impl<'m> Session<'m> {
+    /// A new, empty sequence of at most `n_ctx` tokens (`None`: the model's training context).
+    pub fn new(model: &'m Model<'m>, n_ctx: Option<usize>) -> Session<'m> {
+        let hp = &model.hp;
+        let layers = hp
+            .kinds
+            .iter()
+            .map(|k| match k {
+                LayerKind::Attention => LayerState::Attention(KvCache::default()),
+                LayerKind::DeltaNet => LayerState::DeltaNet(DeltaState::new(hp)),
+            })
+            .collect();
+        Session {
+            model,
+            n_ctx: n_ctx.unwrap_or(hp.n_ctx_train),
+            pos: 0,
+            layers,
+            delta_mode: DeltaMode::default(),
+        }
+    }
+
+    /// Tokens processed so far.
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Feeds `tokens` (the continuation of the sequence) and returns logits for each: `[T × n_vocab]`.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, Logits::All, &mut |_, _, _| {})
+    }
+
+    /// Like [`forward`](Self::forward) but computes only the last position's logits: `[n_vocab]`.
+    pub fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.run(tokens, Logits::Last, &mut |_, _, _| {})
+    }
+
+    /// [`forward`](Self::forward), calling `observe(layer, pos0, x)` with the residual stream `x`
+    /// (`[n × d]` for positions `pos0..pos0+n`) after every layer.
+    pub fn forward_observed(
+        &mut self,
+        tokens: &[u32],
+        observe: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<Vec<f32>> {
+        self.run(tokens, Logits::All, observe)
+    }
+
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        observe: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            bail!("no tokens to evaluate");
+        }
+        if self.pos + tokens.len() > self.n_ctx {
+            bail!(
+                "context length exceeded: {} tokens already in the sequence + {} new > context size {}",
+                self.pos,
+                tokens.len(),
+                self.n_ctx
+            );
+        }
+        let n_vocab = self.model.n_vocab();
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            bail!("token id {t} is out of range (vocabulary has {n_vocab} entries)");
+        }
+        let mut logits = Vec::new();
+        let n_batches = tokens.len().div_ceil(UBATCH);
+        for (i, batch) in tokens.chunks(UBATCH).enumerate() {
+            let want = match which {
+                Logits::Last if i + 1 < n_batches => Logits::None,
+                other => other,
+            };
+            logits.extend(self.ubatch(batch, want, observe)?);
+        }
+        Ok(logits)
+    }
+
+    /// One pass of up to [`UBATCH`] tokens through all layers.
+    fn ubatch(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        observe: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<Vec<f32>> {
+        let (hp, w) = (&self.model.hp, &self.model.w);
+        let (d, n_tok, pos0) = (hp.n_embd, tokens.len(), self.pos);
+
+        let mut x = vec![0f32; n_tok * d]; // residual stream [T × d]
+        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
+            w.embed(t, row)?;
+        }
+        let mut a = vec![0f32; n_tok * d]; // normed input [T × d]
+        let mut m = vec![0f32; n_tok * d]; // block output [T × d]
+        for (il, (lw, st)) in w.layers.iter().zip(&mut self.layers).enumerate() {
+            norm_rows(&x, &lw.attn_norm, hp.rms_eps, &mut a);
+            match (&lw.mixer, st) {
+                (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
+                    attention::forward(aw, hp, il, kv, pos0, &a, &mut m)
+                }
+                (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
+                    deltanet::forward(dw, hp, ds, self.delta_mode, &a, &mut m)
+                }
+                _ => unreachable!("layer states are built from the same layer kinds"),
+            }
+            add(&mut x, &m);
+            norm_rows(&x, &lw.post_norm, hp.rms_eps, &mut a);
+            ffn::forward(lw, &a, n_tok, &mut m);
+            add(&mut x, &m);
+            observe(il, pos0, &x);
+        }
+        self.pos += n_tok;
+
+        let h = match which {
+            Logits::All => &x[..],
+            Logits::Last => &x[(n_tok - 1) * d..],
+            Logits::None => return Ok(Vec::new()),
+        };
+        let n_out = h.len() / d;
+        let mut hn = vec![0f32; h.len()];
+        norm_rows(h, &w.output_norm, hp.rms_eps, &mut hn);
+        let mut logits = vec![0f32; n_out * w.output.n_out];
+        matmul(&w.output, &hn, n_out, &mut logits);
+        Ok(logits)
+    }
+}
+
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    out.copy_from_slice(x);
+    for row in out.chunks_exact_mut(w.len()) {
+        rms_norm(row, w, eps);
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (x, y) in x.iter_mut().zip(y) {
+        *x += y;
+    }
+}

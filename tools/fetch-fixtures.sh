@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Copies the reference files the tests need from ../shared/fixtures (beside the clone, as in CI) into
+# tests/fixtures/shared/ (not committed: they are large and can be copied again at any time).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+src=${DELTAQ_FIXTURES:-../shared/fixtures}
+dst=tests/fixtures/shared
+if [ ! -d "$src" ]; then
+  echo "fetch-fixtures: $src not found (set DELTAQ_FIXTURES to the shared fixtures folder)" >&2
+  exit 1
+fi
+mkdir -p "$dst"
+copy() { # copy SRC_RELATIVE_PATH...: keeps the folder structure under $dst
+  for f in "$@"; do
+    mkdir -p "$dst/$(dirname "$f")"
+    cmp -s "$src/$f" "$dst/$f" 2>/dev/null || cp "$src/$f" "$dst/$f"
+  done
+}
+
+# Quantization: llama-quantize's outputs of tiny-r2 and their source (tests/quantize_files.rs).
+copy tiny-r2/tiny-r2-F32.gguf tiny-r2/quant/types.tsv
+for f in "$src"/tiny-r2/quant/*.gguf; do copy "tiny-r2/quant/$(basename "$f")"; done
+
+# Forward pass: the tiny models and their transformers goldens (tests/model_golden.rs).
+for m in tiny-r1 tiny-r2; do
+  copy "$m/$m-F32.gguf" "$m/$m-F16.gguf"
+  for g in tokens logits_f64 logits_step_f64 residual_f64; do copy "$m/golden/$g.npy"; done
+done
