@@ -7,13 +7,15 @@ use deltaq::gguf::{GgufFile, Value};
 pub struct Args {
     /// GGUF file
     file: PathBuf,
-    /// Print arrays in full instead of their first few elements
+    /// Print arrays and long strings in full instead of their beginning
     #[arg(long)]
     full: bool,
 }
 
 /// Array elements shown before "...".
 const ARRAY_PREVIEW: usize = 8;
+/// Characters of a long string (a chat template) shown before "...".
+const STRING_PREVIEW: usize = 60;
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let f = GgufFile::open(&a.file)?;
@@ -101,7 +103,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 /// A value as gguf-dump shows it: strings quoted, long arrays abbreviated.
 fn show(v: &Value<'_>, full: bool) -> String {
     match v {
-        Value::String(s) => format!("{:?}", String::from_utf8_lossy(s)),
+        Value::String(s) => {
+            let text = String::from_utf8_lossy(s);
+            match text.char_indices().nth(STRING_PREVIEW) {
+                Some((cut, _)) if !full => format!("{:?}... ({} bytes)", &text[..cut], s.len()),
+                _ => format!("{text:?}"),
+            }
+        }
         Value::Array(arr) => {
             let limit = if full { usize::MAX } else { ARRAY_PREVIEW };
             let mut items: Vec<String> = arr.iter().take(limit).map(|e| show(&e, full)).collect();
