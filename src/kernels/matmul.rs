@@ -7,7 +7,8 @@
 
 use rayon::prelude::*;
 
-use crate::quant::{self, GgmlType};
+use super::kernels;
+use crate::quant::GgmlType;
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
 #[derive(Clone, Copy, Debug)]
@@ -32,47 +33,32 @@ impl<'a> Weight<'a> {
     }
 }
 
-/// How one weight row is dotted with one activation row.
-#[derive(Clone, Copy)]
-pub enum RowDot {
-    /// Weight row (raw bytes) · f32 activations.
-    Float(fn(&[u8], &[f32]) -> f32),
-    /// Weight row · activations already quantized to `act` (raw blocks).
-    Quant {
-        act: GgmlType,
-        dot: fn(GgmlType, &[u8], &[u8]) -> f32,
-    },
-}
-
-/// The kernel chosen for a weight type. This table is the seam where SIMD kernels will be selected.
-#[derive(Clone, Copy)]
-pub struct Kernel {
-    pub ty: GgmlType,
-    pub dot: RowDot,
-}
-
-/// The row kernel for weights of type `ty`, or `None` if the type cannot be multiplied.
-pub fn kernel_for(ty: GgmlType) -> Option<Kernel> {
-    let dot = match ty {
-        GgmlType::F32 => RowDot::Float(dot_f32),
-        GgmlType::F16 => RowDot::Float(dot_f16),
-        GgmlType::BF16 => RowDot::Float(dot_bf16),
+/// Whether weights of type `ty` with rows of `n_in` elements can be multiplied (and why not).
+pub fn can_multiply(ty: GgmlType, n_in: usize) -> Result<(), String> {
+    let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
+    let quant = matches!(
+        ty,
         GgmlType::Q4_0
-        | GgmlType::Q4_1
-        | GgmlType::Q5_0
-        | GgmlType::Q5_1
-        | GgmlType::Q8_0
-        | GgmlType::Q2_K
-        | GgmlType::Q3_K
-        | GgmlType::Q4_K
-        | GgmlType::Q5_K
-        | GgmlType::Q6_K => RowDot::Quant {
-            act: ty.vec_dot_type(),
-            dot: dot_ref,
-        },
-        _ => return None,
-    };
-    Some(Kernel { ty, dot })
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+            | GgmlType::Q8_0
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
+    );
+    if !float && !quant {
+        return Err(format!("has type {ty}, which deltaq cannot multiply"));
+    }
+    let act = ty.vec_dot_type();
+    if ty.row_bytes(n_in as u64).is_none() || act.row_bytes(n_in as u64).is_none() {
+        return Err(format!(
+            "row length {n_in} is not a multiple of the {ty}/{act} block size"
+        ));
+    }
+    Ok(())
 }
 
 /// `out[t][r] = Σ_c W[r][c] · x[t][c]` for `n_tokens` rows of `x` (`[n_tokens × n_in]`, row-major);
@@ -80,59 +66,57 @@ pub fn kernel_for(ty: GgmlType) -> Option<Kernel> {
 pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
     assert_eq!(x.len(), n_tokens * w.n_in, "{}: activation length", w.name);
     assert_eq!(out.len(), n_tokens * w.n_out, "{}: output length", w.name);
-    let kernel = kernel_for(w.ty).unwrap_or_else(|| panic!("{}: no kernel for {}", w.name, w.ty));
-    match kernel.dot {
-        RowDot::Float(dot) => {
-            let acts: Vec<&[f32]> = x.chunks_exact(w.n_in).collect();
-            rows(w, n_tokens, out, |r, o| {
-                for (o, a) in o.iter_mut().zip(&acts) {
-                    *o = dot(w.row(r), a);
-                }
-            });
-        }
-        RowDot::Quant { act, dot } => {
-            // Quantize every activation row once; all weight rows reuse it.
-            let act_bytes = act
-                .row_bytes(w.n_in as u64)
-                .expect("row length checked at load") as usize;
-            let mut q = vec![0u8; n_tokens * act_bytes];
-            q.par_chunks_mut(act_bytes)
-                .zip(x.par_chunks(w.n_in))
-                .for_each(|(q, x)| {
-                    quant::quantize_row(act, x, q).expect("lengths match");
-                });
-            let acts: Vec<&[u8]> = q.chunks_exact(act_bytes).collect();
-            rows(w, n_tokens, out, |r, o| {
-                for (o, a) in o.iter_mut().zip(&acts) {
-                    *o = dot(w.ty, w.row(r), a);
-                }
-            });
-        }
-    }
-}
-
-/// Runs `f(row, out_for_that_row[n_tokens])` over all weight rows in parallel and scatters the results
-/// into the token-major `out`.
-fn rows(w: &Weight, n_tokens: usize, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    // Rows per task: enough work per task to amortize scheduling, enough tasks to balance.
-    let per_task = (16384 / (w.n_in * n_tokens).max(1)).clamp(1, 256);
-    if n_tokens == 1 {
-        out.par_chunks_mut(per_task).enumerate().for_each(|(i, o)| {
-            for (k, o) in o.chunks_mut(1).enumerate() {
-                f(i * per_task + k, o);
-            }
+    let k = kernels();
+    let row_bytes = w.row_bytes();
+    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+        rows(w, n_tokens, out, |first, o| {
+            let n = o.len() / n_tokens;
+            (k.float_rows)(
+                w.ty,
+                &w.data[first * row_bytes..(first + n) * row_bytes],
+                x,
+                n_tokens,
+                o,
+            )
         });
         return;
     }
-    // Row-major scratch [n_out × n_tokens] so each task owns a contiguous piece, then transpose.
+    // Quantize every activation row once; all weight rows reuse it.
+    let act = w.ty.vec_dot_type();
+    let act_bytes = act
+        .row_bytes(w.n_in as u64)
+        .expect("row length checked at load") as usize;
+    let mut q = vec![0u8; n_tokens * act_bytes];
+    q.par_chunks_mut(act_bytes)
+        .zip(x.par_chunks(w.n_in))
+        .for_each(|(q, x)| (k.quantize_act)(act, x, q));
+    rows(w, n_tokens, out, |first, o| {
+        let n = o.len() / n_tokens;
+        (k.quant_rows)(
+            w.ty,
+            &w.data[first * row_bytes..(first + n) * row_bytes],
+            &q,
+            n_tokens,
+            o,
+        )
+    });
+}
+
+/// Runs `f(first_row, out[rows × n_tokens])` over groups of weight rows in parallel, then scatters the
+/// row-major results into the token-major `out`.
+fn rows(w: &Weight, n_tokens: usize, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
+    // Rows per task: enough work per task to amortize scheduling, enough tasks to balance.
+    let per_task = (16384 / (w.n_in * n_tokens).max(1)).clamp(4, 256);
+    if n_tokens == 1 {
+        out.par_chunks_mut(per_task)
+            .enumerate()
+            .for_each(|(i, o)| f(i * per_task, o));
+        return;
+    }
     let mut tmp = vec![0f32; w.n_out * n_tokens];
     tmp.par_chunks_mut(per_task * n_tokens)
         .enumerate()
-        .for_each(|(i, o)| {
-            for (k, o) in o.chunks_mut(n_tokens).enumerate() {
-                f(i * per_task + k, o);
-            }
-        });
+        .for_each(|(i, o)| f(i * per_task, o));
     for (r, col) in tmp.chunks_exact(n_tokens).enumerate() {
         for (t, v) in col.iter().enumerate() {
             out[t * w.n_out + r] = *v;
@@ -140,55 +124,10 @@ fn rows(w: &Weight, n_tokens: usize, out: &mut [f32], f: impl Fn(usize, &mut [f3
     }
 }
 
-/// Dot product with 8 independent accumulators: vectorizes and loses less precision than one running sum.
-#[inline]
-fn dot_lanes(n: usize, w: impl Fn(usize) -> f32, a: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let full = n / 8 * 8;
-    for i in (0..full).step_by(8) {
-        for l in 0..8 {
-            acc[l] += w(i + l) * a[i + l];
-        }
-    }
-    let tail: f32 = (full..n).map(|i| w(i) * a[i]).sum();
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-fn dot_f32(w: &[u8], a: &[f32]) -> f32 {
-    match bytemuck::try_cast_slice::<u8, f32>(w) {
-        Ok(w) => dot_lanes(a.len(), |i| w[i], a),
-        Err(_) => dot_lanes(
-            a.len(),
-            |i| f32::from_le_bytes(w[4 * i..4 * i + 4].try_into().unwrap()),
-            a,
-        ),
-    }
-}
-
-fn dot_f16(w: &[u8], a: &[f32]) -> f32 {
-    dot_lanes(
-        a.len(),
-        |i| quant::f32_from_f16(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
-        a,
-    )
-}
-
-fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
-    dot_lanes(
-        a.len(),
-        |i| quant::f32_from_bf16(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
-        a,
-    )
-}
-
-/// The scalar reference block dot product (`BlockFormat::vec_dot_ref`).
-fn dot_ref(ty: GgmlType, w: &[u8], a: &[u8]) -> f32 {
-    quant::vec_dot_row(ty, w, a).expect("row lengths checked at load")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant;
 
     fn f32_weight(rows: &[Vec<f32>]) -> Vec<u8> {
         rows.iter()

@@ -1,7 +1,11 @@
-//! Compute kernels the model is built from. `matmul` is the single entry point for weight products: it
-//! picks a row kernel per weight type from a table, so SIMD kernels plug in at exactly one place.
+//! Compute kernels the model is built from. `matmul` is the single entry point for weight products; it
+//! calls the kernel table chosen once for this CPU ([`kernels`]): one table per instruction set, each
+//! held by tests to the scalar reference ([`scalar`]).
 
+mod dispatch;
 mod matmul;
 pub mod ops;
+pub mod scalar;
 
-pub use matmul::{kernel_for, matmul, Kernel, RowDot, Weight};
+pub use dispatch::{available, by_isa, kernels, Isa, Kernels};
+pub use matmul::{can_multiply, matmul, Weight};

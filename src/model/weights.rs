@@ -5,7 +5,7 @@ use anyhow::{bail, Context, Result};
 
 use super::hparams::{HParams, LayerKind};
 use crate::gguf::GgufFile;
-use crate::kernels::{kernel_for, RowDot, Weight};
+use crate::kernels::{can_multiply, Weight};
 use crate::quant;
 
 pub struct AttentionWeights<'a> {
@@ -87,19 +87,7 @@ impl<'a> Loader<'a> {
     /// A matrix `{n_in, n_out}` the matmul kernels can multiply.
     fn matrix(&self, name: &str, n_in: usize, n_out: usize) -> Result<Weight<'a>> {
         let (t, data) = self.get(name, &[n_in, n_out])?;
-        let kernel = kernel_for(t.ty).with_context(|| {
-            format!(
-                "tensor '{name}' has type {}, which deltaq cannot multiply",
-                t.ty
-            )
-        })?;
-        if let RowDot::Quant { act, .. } = kernel.dot {
-            if act.row_bytes(n_in as u64).is_none() {
-                bail!(
-                    "tensor '{name}': row length {n_in} is not a multiple of the {act} block size"
-                );
-            }
-        }
+        can_multiply(t.ty, n_in).map_err(|e| anyhow::anyhow!("tensor '{name}' {e}"))?;
         Ok(Weight {
             name: &t.name,
             ty: t.ty,

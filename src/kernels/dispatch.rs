@@ -1,0 +1,103 @@
+//! The kernel table: chosen once from the CPU's features, overridable with `DELTAQ_ISA`.
+
+use std::sync::OnceLock;
+
+use crate::quant::GgmlType;
+
+/// An instruction-set path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+    Neon,
+    NeonDotprod,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Neon => "neon",
+            Isa::NeonDotprod => "neon-dotprod",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Isa> {
+        [
+            Isa::Scalar,
+            Isa::Avx2,
+            Isa::Avx512,
+            Isa::Neon,
+            Isa::NeonDotprod,
+        ]
+        .into_iter()
+        .find(|i| i.name().eq_ignore_ascii_case(s))
+    }
+}
+
+/// One instruction set's kernels. All functions are safe to call: a table is only handed out on a CPU
+/// that has the features its functions were compiled for.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    pub isa: Isa,
+    /// `out[r * n_tok + t] = W[r] · A[t]` for quantized weight rows `w` (`out.len() / n_tok` rows, back to
+    /// back) of type `ty` and `n_tok` activation rows `a` already quantized to `ty.vec_dot_type()`.
+    pub quant_rows: fn(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]),
+    /// The same for F32/F16/BF16 weight rows and f32 activations (`n_tok` rows back to back).
+    pub float_rows: fn(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]),
+    /// Quantizes one activation row to Q8_0, Q8_1 or Q8_K: the same bytes as the reference quantizer.
+    pub quantize_act: fn(ty: GgmlType, x: &[f32], out: &mut [u8]),
+}
+
+/// Every table this CPU can run, lowest first (always starts with scalar).
+pub fn available() -> Vec<&'static Kernels> {
+    let mut v: Vec<&'static Kernels> = vec![&super::scalar::KERNELS];
+    #[cfg(target_arch = "x86_64")]
+    v.extend(super_x86());
+    #[cfg(target_arch = "aarch64")]
+    v.extend(super_arm());
+    v
+}
+
+#[cfg(target_arch = "x86_64")]
+fn super_x86() -> Vec<&'static Kernels> {
+    Vec::new()
+}
+
+#[cfg(target_arch = "aarch64")]
+fn super_arm() -> Vec<&'static Kernels> {
+    Vec::new()
+}
+
+/// The table for `isa`, if this CPU runs it.
+pub fn by_isa(isa: Isa) -> Option<&'static Kernels> {
+    available().into_iter().find(|k| k.isa == isa)
+}
+
+/// The table every matmul uses: the best this CPU runs, or the one `DELTAQ_ISA` names (if available;
+/// otherwise a warning and the best).
+pub fn kernels() -> &'static Kernels {
+    static CHOSEN: OnceLock<&'static Kernels> = OnceLock::new();
+    CHOSEN.get_or_init(|| {
+        let all = available();
+        let best = *all.last().expect("scalar is always available");
+        match std::env::var("DELTAQ_ISA") {
+            Ok(name) => match Isa::from_name(&name).and_then(by_isa) {
+                Some(k) => k,
+                None => {
+                    let names: Vec<&str> = all.iter().map(|k| k.isa.name()).collect();
+                    eprintln!(
+                        "warning: DELTAQ_ISA={name} is not available here (available: {}); using {}",
+                        names.join(", "),
+                        best.isa.name()
+                    );
+                    best
+                }
+            },
+            Err(_) => best,
+        }
+    })
+}

@@ -1,0 +1,86 @@
+//! The scalar reference kernels: every SIMD path is tested against these.
+
+use super::dispatch::{Isa, Kernels};
+use crate::quant::{self, GgmlType};
+
+pub static KERNELS: Kernels = Kernels {
+    isa: Isa::Scalar,
+    quant_rows,
+    float_rows,
+    quantize_act,
+};
+
+/// Quantized weight rows · quantized activation rows, block by block (`BlockFormat::vec_dot_ref`).
+pub fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    let n_rows = out.len() / n_tok;
+    let (rb, ab) = (w.len() / n_rows, a.len() / n_tok);
+    for (r, o) in out.chunks_exact_mut(n_tok).enumerate() {
+        for (t, o) in o.iter_mut().enumerate() {
+            *o = quant::vec_dot_row(ty, &w[r * rb..(r + 1) * rb], &a[t * ab..(t + 1) * ab])
+                .expect("row lengths checked at load");
+        }
+    }
+}
+
+/// Float weight rows · f32 activation rows.
+pub fn float_rows(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]) {
+    let n_rows = out.len() / n_tok;
+    let (rb, n) = (w.len() / n_rows, a.len() / n_tok);
+    let dot: fn(&[u8], &[f32]) -> f32 = match ty {
+        GgmlType::F32 => dot_f32,
+        GgmlType::F16 => dot_f16,
+        GgmlType::BF16 => dot_bf16,
+        other => panic!("float_rows called with {other}"),
+    };
+    for (r, o) in out.chunks_exact_mut(n_tok).enumerate() {
+        for (t, o) in o.iter_mut().enumerate() {
+            *o = dot(&w[r * rb..(r + 1) * rb], &a[t * n..(t + 1) * n]);
+        }
+    }
+}
+
+/// The reference activation quantizers (Q8_0, Q8_1, Q8_K).
+pub fn quantize_act(ty: GgmlType, x: &[f32], out: &mut [u8]) {
+    quant::quantize_row(ty, x, out).expect("lengths match");
+}
+
+/// Dot product with 8 independent accumulators: vectorizes and loses less precision than one running sum.
+#[inline]
+fn dot_lanes(n: usize, w: impl Fn(usize) -> f32, a: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let full = n / 8 * 8;
+    for i in (0..full).step_by(8) {
+        for l in 0..8 {
+            acc[l] += w(i + l) * a[i + l];
+        }
+    }
+    let tail: f32 = (full..n).map(|i| w(i) * a[i]).sum();
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+pub fn dot_f32(w: &[u8], a: &[f32]) -> f32 {
+    match bytemuck::try_cast_slice::<u8, f32>(w) {
+        Ok(w) => dot_lanes(a.len(), |i| w[i], a),
+        Err(_) => dot_lanes(
+            a.len(),
+            |i| f32::from_le_bytes(w[4 * i..4 * i + 4].try_into().unwrap()),
+            a,
+        ),
+    }
+}
+
+pub fn dot_f16(w: &[u8], a: &[f32]) -> f32 {
+    dot_lanes(
+        a.len(),
+        |i| quant::f32_from_f16(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
+        a,
+    )
+}
+
+pub fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
+    dot_lanes(
+        a.len(),
+        |i| quant::f32_from_bf16(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
+        a,
+    )
+}
