@@ -33,7 +33,8 @@ impl<'a> Weight<'a> {
     }
 }
 
-/// Whether weights of type `ty` with rows of `n_in` elements can be multiplied (and why not).
+/// Whether weights of type `ty` with rows of `n_in` elements can be multiplied; the error reads after
+/// a tensor name ("has type ...").
 pub fn can_multiply(ty: GgmlType, n_in: usize) -> Result<(), String> {
     let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let quant = matches!(
@@ -55,7 +56,7 @@ pub fn can_multiply(ty: GgmlType, n_in: usize) -> Result<(), String> {
     let act = ty.vec_dot_type();
     if ty.row_bytes(n_in as u64).is_none() || act.row_bytes(n_in as u64).is_none() {
         return Err(format!(
-            "row length {n_in} is not a multiple of the {ty}/{act} block size"
+            "has row length {n_in}, not a multiple of the {ty}/{act} block size"
         ));
     }
     Ok(())
