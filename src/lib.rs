@@ -1,8 +1,12 @@
 //! deltaq: a CPU runtime for the Qwen3.5 small language models, from GGUF files.
 
+pub mod chat;
+pub mod convert;
 pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod npy;
 pub mod quant;
 pub mod quantize;
+pub mod sampling;
+pub mod tokenizer;

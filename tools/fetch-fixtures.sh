@@ -26,3 +26,17 @@ for m in tiny-r1 tiny-r2; do
   copy "$m/$m-F32.gguf" "$m/$m-F16.gguf"
   for g in tokens logits_f64 logits_step_f64 residual_f64; do copy "$m/golden/$g.npy"; done
 done
+
+# Tokenizer, chat template, `deltaq tokenize` (tests/tokenizer.rs): the real 248k Qwen3.5 vocabulary with
+# llama.cpp's 50 test strings and their ids; tiny-kjv's tokenizer.json (the reference the test checks a
+# GGUF built from it against) and the text it is compared on.
+copy tokenizer/ggml-vocab-qwen35.gguf tokenizer/ggml-vocab-qwen35.gguf.inp tokenizer/ggml-vocab-qwen35.gguf.out
+copy tiny-kjv/hf/tokenizer.json tiny-kjv/hf/tokenizer_config.json text/eval-john.txt
+
+# Conversion (tests/convert.rs): the fixture checkpoints and llama.cpp's conversions of them.
+for m in tiny-r1 tiny-r2; do
+  for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json; do
+    copy "$m/hf/$f"
+  done
+  copy "$m/$m-F32.gguf" "$m/$m-F16.gguf"
+done

@@ -1,9 +1,11 @@
 //! Subcommands, in llama.cpp's conventions where it has one.
 
+mod convert;
 mod eval;
 mod inspect;
 mod quantize;
 mod tensor;
+mod tokenize;
 
 use clap::{Parser, Subcommand};
 
@@ -16,21 +18,27 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Convert a Hugging Face safetensors checkpoint to GGUF (like convert_hf_to_gguf.py)
+    Convert(convert::Args),
     /// Run the model on token ids and write the logits of every position as .npy
     Eval(eval::Args),
     /// Print a GGUF file's metadata and tensor table (like gguf-dump)
     Inspect(inspect::Args),
     /// Write one tensor, dequantized to float32, as a NumPy .npy file
     Tensor(tensor::Args),
+    /// Tokenize text with a GGUF file's tokenizer (like llama-tokenize)
+    Tokenize(tokenize::Args),
     /// Quantize a GGUF file with llama-quantize's recipes
     Quantize(quantize::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Convert(a) => convert::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Inspect(a) => inspect::run(a),
         Command::Tensor(a) => tensor::run(a),
+        Command::Tokenize(a) => tokenize::run(a),
         Command::Quantize(a) => quantize::run(a),
     }
 }
