@@ -2,6 +2,7 @@
 
 pub mod chat;
 pub mod convert;
+pub mod generate;
 pub mod gguf;
 pub mod kernels;
 pub mod model;

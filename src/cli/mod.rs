@@ -4,6 +4,7 @@ mod convert;
 mod eval;
 mod inspect;
 mod quantize;
+mod run;
 mod tensor;
 mod tokenize;
 
@@ -18,6 +19,8 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Generate text, or chat interactively when no prompt is given
+    Run(run::Args),
     /// Convert a Hugging Face safetensors checkpoint to GGUF (like convert_hf_to_gguf.py)
     Convert(convert::Args),
     /// Run the model on token ids and write the logits of every position as .npy
@@ -34,6 +37,7 @@ enum Command {
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Run(a) => run::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Inspect(a) => inspect::run(a),

@@ -117,6 +117,12 @@ impl<'m> Session<'m> {
         self.run(tokens, Logits::Last, &mut |_, _, _| {})
     }
 
+    /// Feeds `tokens` without computing logits (e.g. chat history before a snapshot).
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        self.run(tokens, Logits::None, &mut |_, _, _| {})
+            .map(|_| ())
+    }
+
     /// [`forward`](Self::forward), calling `observe(layer, pos0, x)` with the residual stream `x`
     /// (`[n × d]` for positions `pos0..pos0+n`) after every layer.
     pub fn forward_observed(

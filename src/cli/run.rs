@@ -1,0 +1,376 @@
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
+use deltaq::generate::{generate, Chat, Stats, Stop};
+use deltaq::gguf::GgufFile;
+use deltaq::model::{Model, Session};
+use deltaq::sampling::{Sampler, SamplingParams};
+use deltaq::tokenizer::Tokenizer;
+
+/// The bundled demo model, used when `-m` is not given.
+const DEMO_MODEL: &str = "models/tiny-kjv-Q8_0.gguf";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// GGUF model file (default: the bundled demo model)
+    #[arg(short = 'm', long)]
+    model: Option<PathBuf>,
+    /// Prompt; without it, an interactive chat starts
+    #[arg(short = 'p', long)]
+    prompt: Option<String>,
+    /// Continue the prompt as plain text instead of wrapping it in the chat template
+    #[arg(long)]
+    raw: bool,
+    /// Tokens to generate (-1: until end of text or a full context)
+    #[arg(short = 'n', long = "n-predict", default_value_t = -1, allow_negative_numbers = true)]
+    n_predict: i64,
+    /// Context size in tokens (default: the model's training context)
+    #[arg(short = 'c', long = "ctx-size")]
+    ctx_size: Option<usize>,
+    /// Threads (default: all cores)
+    #[arg(short = 't', long)]
+    threads: Option<usize>,
+    /// Temperature (0: greedy)
+    #[arg(long)]
+    temp: Option<f32>,
+    #[arg(long)]
+    top_k: Option<usize>,
+    #[arg(long)]
+    top_p: Option<f32>,
+    #[arg(long)]
+    min_p: Option<f32>,
+    #[arg(long)]
+    presence_penalty: Option<f32>,
+    #[arg(long)]
+    frequency_penalty: Option<f32>,
+    #[arg(long = "repeat-penalty")]
+    repeat_penalty: Option<f32>,
+    /// Tokens the penalties look back over
+    #[arg(long = "repeat-last-n")]
+    repeat_last_n: Option<usize>,
+    /// Random seed (default: different every run)
+    #[arg(short = 's', long)]
+    seed: Option<u64>,
+    /// Turn thinking off (the chat template's enable_thinking=false)
+    #[arg(long)]
+    no_think: bool,
+    /// Do not print the model's thinking
+    #[arg(long)]
+    hide_think: bool,
+    /// System message for chat
+    #[arg(long)]
+    system: Option<String>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let path = match &a.model {
+        Some(p) => p.clone(),
+        None => demo_model()?,
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(a.threads.unwrap_or(0))
+        .build()?;
+    let f = GgufFile::open(&path)?;
+    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    let tok =
+        Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
+    if let Some(c) = a.ctx_size {
+        let train = model.hp.n_ctx_train;
+        if c > train {
+            bail!("context size {c} is longer than the model's training context ({train} tokens)");
+        }
+    }
+    let params = sampling(&a);
+    let max_new = (a.n_predict >= 0).then_some(a.n_predict as usize);
+    let interrupt = Arc::new(AtomicBool::new(false));
+    {
+        let flag = interrupt.clone();
+        ctrlc::set_handler(move || flag.store(true, Ordering::Relaxed))
+            .context("installing the Ctrl-C handler")?;
+    }
+    let template = if a.raw {
+        None
+    } else {
+        match ChatTemplate::from_gguf(&f) {
+            Ok(t) => Some(t),
+            Err(e) if a.prompt.is_some() => {
+                eprintln!(
+                    "note: no usable chat template ({e}); continuing the prompt as plain text"
+                );
+                None
+            }
+            Err(e) => return Err(e).context("interactive chat needs the model's chat template"),
+        }
+    };
+    let mut out = Printer::new(!a.hide_think);
+    pool.install(|| -> anyhow::Result<()> {
+        match (&a.prompt, template) {
+            (Some(p), None) => {
+                let ids = tok.encode(p, true)?;
+                if ids.is_empty() {
+                    bail!("the prompt is empty");
+                }
+                let mut session = Session::new(&model, a.ctx_size);
+                let mut sampler = Sampler::new(params);
+                print!("{p}");
+                let stats = generate(
+                    &mut session,
+                    &tok,
+                    &mut sampler,
+                    &ids,
+                    max_new,
+                    false,
+                    &interrupt,
+                    &mut |t| out.raw(t),
+                )?;
+                println!();
+                report(&stats);
+            }
+            (Some(p), Some(tmpl)) => {
+                let mut chat = Chat::new(&model, a.ctx_size, tmpl);
+                if let Some(s) = &a.system {
+                    chat.messages.push(ChatMessage::system(s));
+                }
+                chat.enable_thinking = a.no_think.then_some(false);
+                let (mut session, gen) = chat.prepare(&tok, p)?;
+                let mut sampler = Sampler::new(params);
+                let stats = reply(
+                    &mut out,
+                    &mut session,
+                    &tok,
+                    &mut sampler,
+                    &gen,
+                    max_new,
+                    !a.no_think,
+                    &interrupt,
+                )?;
+                report(&stats);
+            }
+            (None, Some(tmpl)) => interactive(
+                &a, &model, &tok, tmpl, params, max_new, &interrupt, &mut out,
+            )?,
+            (None, None) => unreachable!("a missing template is an error without a prompt"),
+        }
+        Ok(())
+    })
+}
+
+fn demo_model() -> anyhow::Result<PathBuf> {
+    let candidates = [
+        PathBuf::from(DEMO_MODEL),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(DEMO_MODEL),
+    ];
+    candidates
+        .into_iter()
+        .find(|p| p.exists())
+        .with_context(|| format!("no -m given and the demo model {DEMO_MODEL} was not found"))
+}
+
+fn sampling(a: &Args) -> SamplingParams {
+    let mut p = SamplingParams::qwen35(!a.no_think);
+    if a.raw || a.prompt.is_some() && a.model.is_none() {
+        // A base model continuing text: the chat defaults' presence penalty is meant for instruct use.
+        p.presence_penalty = 0.0;
+    }
+    p.temperature = a.temp.unwrap_or(p.temperature);
+    p.top_k = a.top_k.unwrap_or(p.top_k);
+    p.top_p = a.top_p.unwrap_or(p.top_p);
+    p.min_p = a.min_p.unwrap_or(p.min_p);
+    p.presence_penalty = a.presence_penalty.unwrap_or(p.presence_penalty);
+    p.frequency_penalty = a.frequency_penalty.unwrap_or(p.frequency_penalty);
+    p.repeat_penalty = a.repeat_penalty.unwrap_or(p.repeat_penalty);
+    p.penalty_last_n = a.repeat_last_n.unwrap_or(p.penalty_last_n);
+    p.seed = a.seed;
+    p
+}
+
+/// Streams one assistant reply: thinking (dimmed on a terminal, or hidden) then the answer.
+#[allow(clippy::too_many_arguments)]
+fn reply(
+    out: &mut Printer,
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_new: Option<usize>,
+    thinking: bool,
+    interrupt: &AtomicBool,
+) -> anyhow::Result<Stats> {
+    // With thinking on, the generation prompt ends inside `<think>`.
+    let mut split = ThinkStream::new(thinking);
+    let stats = generate(
+        session,
+        tok,
+        sampler,
+        prompt,
+        max_new,
+        true,
+        interrupt,
+        &mut |t| {
+            for (part, text) in split.push(t) {
+                out.part(part, &text);
+            }
+        },
+    )?;
+    for (part, text) in split.finish() {
+        out.part(part, &text);
+    }
+    out.end_line();
+    Ok(stats)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn interactive(
+    a: &Args,
+    model: &Model<'_>,
+    tok: &Tokenizer,
+    tmpl: ChatTemplate,
+    params: SamplingParams,
+    max_new: Option<usize>,
+    interrupt: &AtomicBool,
+    out: &mut Printer,
+) -> anyhow::Result<()> {
+    let mut chat = Chat::new(model, a.ctx_size, tmpl);
+    if let Some(s) = &a.system {
+        chat.messages.push(ChatMessage::system(s));
+    }
+    chat.enable_thinking = a.no_think.then_some(false);
+    let mut sampler = Sampler::new(params);
+    eprintln!(
+        "chat with {} (Ctrl-C stops an answer, Ctrl-D exits)",
+        model_name(a)
+    );
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        line.clear();
+        interrupt.store(false, Ordering::Relaxed);
+        if stdin.lock().read_line(&mut line)? == 0 {
+            eprintln!();
+            return Ok(());
+        }
+        let user = line.trim_end_matches(['\n', '\r']);
+        if user.trim().is_empty() {
+            continue;
+        }
+        let (mut session, gen) = chat.prepare(tok, user)?;
+        out.start_capture();
+        let stats = reply(
+            out,
+            &mut session,
+            tok,
+            &mut sampler,
+            &gen,
+            max_new,
+            !a.no_think,
+            interrupt,
+        )?;
+        let (thinking, answer) = out.take_capture();
+        chat.add_reply(answer.trim(), &thinking);
+        if stats.stop == Stop::Interrupted {
+            eprintln!("[stopped]");
+        }
+        report(&stats);
+    }
+}
+
+fn model_name(a: &Args) -> String {
+    a.model
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| format!("the demo model ({DEMO_MODEL})"))
+}
+
+fn report(s: &Stats) {
+    let why = match s.stop {
+        Stop::EndOfText => "end of text",
+        Stop::Length => "token limit",
+        Stop::Context => "context full",
+        Stop::Interrupted => "interrupted",
+    };
+    eprintln!(
+        "\nprompt: {} tokens, {:.1} tokens/s | generation: {} tokens, {:.1} tokens/s | stopped: {why}",
+        s.prompt_tokens,
+        s.prompt_tps(),
+        s.gen_tokens,
+        s.gen_tps()
+    );
+}
+
+/// Writes streamed text to stdout: thinking dimmed on a terminal (or in `<think>` tags when piped), or
+/// not at all; optionally keeps a copy of the turn for the chat history.
+struct Printer {
+    show_thinking: bool,
+    tty: bool,
+    in_thinking: bool,
+    capture: Option<(String, String)>,
+}
+
+impl Printer {
+    fn new(show_thinking: bool) -> Printer {
+        Printer {
+            show_thinking,
+            tty: std::io::stdout().is_terminal(),
+            in_thinking: false,
+            capture: None,
+        }
+    }
+
+    fn raw(&mut self, text: &str) {
+        let mut o = std::io::stdout().lock();
+        let _ = o.write_all(text.as_bytes());
+        let _ = o.flush();
+    }
+
+    fn part(&mut self, part: Part, text: &str) {
+        if let Some((thinking, answer)) = &mut self.capture {
+            match part {
+                Part::Thinking => thinking.push_str(text),
+                Part::Answer => answer.push_str(text),
+            }
+        }
+        if part == Part::Thinking && !self.show_thinking {
+            return;
+        }
+        let mut s = String::new();
+        match (part, self.in_thinking) {
+            (Part::Thinking, false) => {
+                s.push_str(if self.tty { "\x1b[2m" } else { "<think>\n" });
+                self.in_thinking = true;
+            }
+            (Part::Answer, true) => {
+                s.push_str(if self.tty {
+                    "\x1b[0m\n"
+                } else {
+                    "\n</think>\n\n"
+                });
+                self.in_thinking = false;
+            }
+            _ => {}
+        }
+        s.push_str(text);
+        self.raw(&s);
+    }
+
+    fn end_line(&mut self) {
+        if self.in_thinking {
+            let close = if self.tty { "\x1b[0m" } else { "\n</think>" };
+            self.raw(close);
+            self.in_thinking = false;
+        }
+        self.raw("\n");
+    }
+
+    fn start_capture(&mut self) {
+        self.capture = Some((String::new(), String::new()));
+    }
+
+    fn take_capture(&mut self) -> (String, String) {
+        self.capture.take().unwrap_or_default()
+    }
+}

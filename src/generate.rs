@@ -1,0 +1,179 @@
+//! The decoding loop shared by the command line and (later) the server: prompt in, tokens out as text,
+//! with timing, and a chat session that reuses the processed history between turns.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use anyhow::Result;
+
+use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::model::{Model, Session};
+use crate::sampling::Sampler;
+use crate::tokenizer::Tokenizer;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// The model emitted an end-of-generation token.
+    EndOfText,
+    /// The token limit (`-n`) was reached.
+    Length,
+    /// The context is full.
+    Context,
+    /// The caller asked to stop (Ctrl-C).
+    Interrupted,
+}
+
+/// Token counts and times of one generation.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub prompt_secs: f64,
+    pub gen_tokens: usize,
+    pub gen_secs: f64,
+    pub stop: Stop,
+}
+
+impl Stats {
+    pub fn prompt_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_secs.max(1e-9)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        self.gen_tokens as f64 / self.gen_secs.max(1e-9)
+    }
+}
+
+/// Feeds `prompt` (the continuation of whatever `session` holds) and samples up to `max_new` tokens
+/// (`None`: until end of text or a full context). `on_text` receives the decoded text as it becomes
+/// valid UTF-8; `special` decides whether control tokens (e.g. `<think>`) are rendered.
+#[allow(clippy::too_many_arguments)]
+pub fn generate(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_new: Option<usize>,
+    special: bool,
+    interrupt: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Stats> {
+    let t0 = Instant::now();
+    for &t in prompt {
+        sampler.accept(t);
+    }
+    let mut logits = session.forward_last(prompt)?;
+    let prompt_secs = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut decoder = tok.stream_decoder(special);
+    let mut n = 0;
+    let stop = loop {
+        if interrupt.load(Ordering::Relaxed) {
+            break Stop::Interrupted;
+        }
+        if max_new.is_some_and(|m| n >= m) {
+            break Stop::Length;
+        }
+        let id = sampler.sample(&logits);
+        if tok.is_eog(id) {
+            break Stop::EndOfText;
+        }
+        sampler.accept(id);
+        n += 1;
+        let text = decoder.push(tok, id);
+        if !text.is_empty() {
+            on_text(&text);
+        }
+        if session.pos() >= session.n_ctx() {
+            break Stop::Context;
+        }
+        logits = session.forward_last(&[id])?;
+    };
+    let rest = decoder.flush();
+    if !rest.is_empty() {
+        on_text(&rest);
+    }
+    Ok(Stats {
+        prompt_tokens: prompt.len(),
+        prompt_secs,
+        gen_tokens: n,
+        gen_secs: t1.elapsed().as_secs_f64(),
+        stop,
+    })
+}
+
+/// A multi-turn chat over one model. The history up to the end of the last user message is kept as a
+/// session snapshot, so a new turn only processes what is new (the template re-renders earlier
+/// assistant turns without their thinking, so the state after generation cannot be reused as is).
+pub struct Chat<'m> {
+    model: &'m Model<'m>,
+    n_ctx: Option<usize>,
+    template: ChatTemplate,
+    pub messages: Vec<ChatMessage>,
+    pub enable_thinking: Option<bool>,
+    cached: Option<(Vec<u32>, Session<'m>)>,
+}
+
+impl<'m> Chat<'m> {
+    pub fn new(model: &'m Model<'m>, n_ctx: Option<usize>, template: ChatTemplate) -> Chat<'m> {
+        Chat {
+            model,
+            n_ctx,
+            template,
+            messages: Vec::new(),
+            enable_thinking: None,
+            cached: None,
+        }
+    }
+
+    /// Adds the user's message and returns a session positioned after the history plus the tokens of
+    /// the generation prompt still to be fed.
+    pub fn prepare(&mut self, tok: &Tokenizer, user: &str) -> Result<(Session<'m>, Vec<u32>)> {
+        self.messages.push(ChatMessage::user(user));
+        let history = ChatOptions {
+            add_generation_prompt: false,
+            enable_thinking: self.enable_thinking,
+            extra: Vec::new(),
+        };
+        let full = ChatOptions {
+            add_generation_prompt: true,
+            ..history.clone()
+        };
+        let hist_text = self.template.render(&self.messages, &history)?;
+        let full_text = self.template.render(&self.messages, &full)?;
+        let (hist_text, gen_text) = match full_text.strip_prefix(hist_text.as_str()) {
+            Some(gen) => (hist_text.clone(), gen.to_string()),
+            None => (String::new(), full_text.clone()),
+        };
+        let hist = tok.encode(&hist_text, true)?;
+        let gen = tok.encode(&gen_text, true)?;
+
+        let session = match self.cached.take() {
+            Some((toks, s)) if hist.starts_with(&toks) => {
+                let mut s = s;
+                if hist.len() > toks.len() {
+                    s.feed(&hist[toks.len()..])?;
+                }
+                s
+            }
+            _ => {
+                let mut s = Session::new(self.model, self.n_ctx);
+                if !hist.is_empty() {
+                    s.feed(&hist)?;
+                }
+                s
+            }
+        };
+        self.cached = Some((hist, session.clone()));
+        Ok((session, gen))
+    }
+
+    /// Records the assistant's reply (thinking and answer separated) in the history.
+    pub fn add_reply(&mut self, answer: &str, thinking: &str) {
+        let mut m = ChatMessage::assistant(answer);
+        if !thinking.trim().is_empty() {
+            m = m.with_reasoning(thinking);
+        }
+        self.messages.push(m);
+    }
+}

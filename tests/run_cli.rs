@@ -1,0 +1,153 @@
+//! `deltaq run` with the bundled demo model, as the README's first command uses it.
+
+use std::process::Command;
+
+fn deltaq(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltaq"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn demo_model_writes_kjv_style_text() {
+    let (ok, out, err) = deltaq(&[
+        "run",
+        "--raw",
+        "-p",
+        "And God said",
+        "-n",
+        "120",
+        "--temp",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("And God said"), "{out}");
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert!(words.len() > 60, "{out}");
+    // Trained on the King James Bible: its most frequent words must show up, in plain English.
+    let common = [
+        "the", "and", "of", "unto", "LORD", "God", "shall", "he", "that", "said",
+    ];
+    let hits = words
+        .iter()
+        .filter(|w| common.contains(&w.trim_matches(|c: char| !c.is_alphanumeric())))
+        .count();
+    assert!(hits * 5 > words.len(), "too few common KJV words in: {out}");
+    assert!(out.is_ascii(), "{out}");
+    assert!(
+        err.contains("generation: 120 tokens") && err.contains("tokens/s"),
+        "{err}"
+    );
+}
+
+#[test]
+fn greedy_generation_is_deterministic_and_seeded_sampling_repeats() {
+    let a = deltaq(&[
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "30",
+        "--temp",
+        "0",
+    ])
+    .1;
+    let b = deltaq(&[
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "30",
+        "--temp",
+        "0",
+    ])
+    .1;
+    assert_eq!(a, b);
+    let c = deltaq(&[
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "30",
+        "--seed",
+        "7",
+    ])
+    .1;
+    let d = deltaq(&[
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "30",
+        "--seed",
+        "7",
+    ])
+    .1;
+    assert_eq!(c, d);
+}
+
+#[test]
+fn chat_without_thinking_has_no_think_block() {
+    let (ok, out, err) = deltaq(&[
+        "run",
+        "-p",
+        "Who made the heaven?",
+        "--no-think",
+        "-n",
+        "40",
+        "--seed",
+        "1",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains("<think>") && !out.contains("</think>"),
+        "{out}"
+    );
+    // With thinking on and stdout piped, the thinking is shown between tags.
+    let (ok, out, _) = deltaq(&[
+        "run",
+        "-p",
+        "Who made the heaven?",
+        "-n",
+        "20",
+        "--seed",
+        "1",
+    ]);
+    assert!(ok);
+    assert!(out.starts_with("<think>\n"), "{out}");
+    let (_, hidden, _) = deltaq(&[
+        "run",
+        "-p",
+        "Who made the heaven?",
+        "-n",
+        "20",
+        "--seed",
+        "1",
+        "--hide-think",
+    ]);
+    assert!(!hidden.contains("<think>"), "{hidden}");
+}
+
+#[test]
+fn clear_errors() {
+    let (ok, _, err) = deltaq(&["run", "--raw", "-p", "x", "-c", "100000000"]);
+    assert!(
+        !ok && err.contains("longer than the model's training context"),
+        "{err}"
+    );
+    let (ok, _, err) = deltaq(&["run", "-m", "no/such.gguf", "-p", "x"]);
+    assert!(!ok && err.contains("no/such.gguf"), "{err}");
+    let (ok, _, err) = deltaq(&["run", "-m", "tests/fixtures/quant-vectors.gguf", "-p", "x"]);
+    assert!(!ok && err.contains("deltaq-quant-vectors"), "{err}");
+}
