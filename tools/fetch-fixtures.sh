@@ -40,3 +40,8 @@ for m in tiny-r1 tiny-r2; do
   done
   copy "$m/$m-F32.gguf" "$m/$m-F16.gguf"
 done
+
+# tiny-kjv: the trained model's checkpoint and transformers goldens (tests/kjv_golden.rs).
+copy tiny-kjv/hf/config.json tiny-kjv/hf/generation_config.json tiny-kjv/hf/model.safetensors
+copy tiny-kjv/golden/tokens.npy tiny-kjv/golden/logits.npy tiny-kjv/golden/layer_outputs.npy \
+  tiny-kjv/golden/embeddings.npy tiny-kjv/golden/final_hidden.npy
