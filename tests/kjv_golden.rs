@@ -62,10 +62,8 @@ fn run(f: &GgufFile) -> (Vec<f32>, Vec<Vec<f32>>) {
     (logits, layers)
 }
 
-#[test]
-fn own_f32_conversion_matches_transformers() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("kjv-f32.gguf");
+fn f32_conversion(dir: &Path) -> GgufFile {
+    let out = dir.join("kjv-f32.gguf");
     let opts = ConvertOptions {
         outtype: FileType::F32,
         no_mtp: true,
@@ -74,7 +72,13 @@ fn own_f32_conversion_matches_transformers() {
         progress: false,
     };
     convert(&shared("hf"), &out, &opts).unwrap();
-    let f = GgufFile::open(&out).unwrap();
+    GgufFile::open(&out).unwrap()
+}
+
+#[test]
+fn own_f32_conversion_matches_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = f32_conversion(dir.path());
     let (logits, layers) = run(&f);
 
     let gold_layers = golden("layer_outputs.npy");
@@ -129,4 +133,45 @@ fn demo_model_q8_0_is_close_to_transformers() {
     assert!(worst < 0.3, "Q8_0 demo model: max |Δlogit| {worst}");
     assert!(top1 >= 60, "top-1 agreement {top1}/64");
     eprintln!("tiny-kjv Q8_0: max |Δlogit| {worst:.3e}, top-1 {top1}/64");
+}
+
+/// The README's greedy samples (transformers, float32, token by token through the cache).
+#[test]
+fn greedy_samples_match_transformers() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = f32_conversion(dir.path());
+    let model = Model::load(&f).unwrap();
+    let cases: [(&[u32], &[u32]); 2] = [
+        (
+            &[3414, 258, 2199],
+            &[
+                268, 258, 1029, 268, 258, 409, 13, 571, 258, 409, 393, 11, 460, 572, 268, 258, 338,
+                459, 500, 322, 375, 11, 267, 296, 398, 1208, 322, 396, 268, 361, 300, 359, 591,
+                837, 13, 571, 258, 409, 268, 432, 267, 361, 432, 811, 258, 853, 268, 258, 409, 268,
+                432, 13, 571, 258, 409, 268, 432, 267, 361, 432,
+            ],
+        ),
+        (
+            &[2225, 338, 340, 381, 3677, 26],
+            &[
+                267, 296, 394, 664, 258, 494, 481, 258, 477, 268, 258, 2109, 11, 267, 481, 258,
+                477, 268, 258, 2109, 13, 298, 296, 394, 588, 258, 494, 268, 726, 1722, 11, 267,
+                258, 494, 311, 295, 1722, 11, 267, 258, 494, 311, 295, 1722, 11, 267, 258, 494,
+                311, 295, 1722, 11, 267, 258, 494, 311, 295, 1722, 11, 267,
+            ],
+        ),
+    ];
+    for (prompt, want) in cases {
+        let mut s = Session::new(&model, None);
+        let mut logits = s.forward_last(prompt).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..want.len() {
+            let id = (0..logits.len())
+                .max_by(|&a, &b| logits[a].total_cmp(&logits[b]))
+                .unwrap() as u32;
+            got.push(id);
+            logits = s.forward_last(&[id]).unwrap();
+        }
+        assert_eq!(got, want, "greedy continuation of {prompt:?}");
+    }
 }
