@@ -27,6 +27,7 @@ pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> std::io::Result<()
         }
         w.flush()?;
     }
+    crate::gguf::readable_by_all(tmp.as_file())?;
     tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }

@@ -6,6 +6,7 @@ mod writer;
 
 pub use reader::{GgufFile, TensorInfo};
 pub use value::{ArrayView, OwnedValue, Value, ValueType};
+pub(crate) use writer::readable_by_all;
 pub use writer::{GgufWriter, TensorSpec};
 
 pub const GGUF_MAGIC: &[u8; 4] = b"GGUF";

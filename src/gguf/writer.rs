@@ -220,6 +220,7 @@ impl GgufWriter {
         let size = self.write(&mut buf, fill)?;
         let tmp = buf.into_inner().map_err(|e| io(e.into_error()))?;
         tmp.as_file().sync_all().map_err(io)?;
+        readable_by_all(tmp.as_file()).map_err(io)?;
         if overwrite {
             tmp.persist(path).map_err(|e| io(e.error))?;
         } else {
@@ -263,4 +264,16 @@ impl<W: Write> Write for CountingWriter<'_, W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
     }
+}
+
+/// Temporary files are created private (0600); a finished output gets the usual 0644.
+pub(crate) fn readable_by_all(f: &std::fs::File) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    #[cfg(not(unix))]
+    let _ = f;
+    Ok(())
 }
