@@ -31,15 +31,18 @@ fn demo_model_writes_kjv_style_text() {
     assert!(out.starts_with("And God said"), "{out}");
     let words: Vec<&str> = out.split_whitespace().collect();
     assert!(words.len() > 60, "{out}");
-    // Trained on the King James Bible: its most frequent words must show up, in plain English.
+    // Trained on the King James Bible: its function words must make up much of the text.
     let common = [
-        "the", "and", "of", "unto", "LORD", "God", "shall", "he", "that", "said",
+        "the", "and", "of", "unto", "LORD", "God", "shall", "he", "that", "said", "thou", "thee",
+        "thy", "ye", "I", "my", "not", "nor", "for", "is", "in", "a", "to", "his", "him", "them",
+        "they", "be", "will", "hast", "hath", "was", "with", "me", "all", "which", "And", "But",
+        "For", "upon", "their", "are", "as", "it",
     ];
     let hits = words
         .iter()
         .filter(|w| common.contains(&w.trim_matches(|c: char| !c.is_alphanumeric())))
         .count();
-    assert!(hits * 5 > words.len(), "too few common KJV words in: {out}");
+    assert!(hits * 3 > words.len(), "too few common KJV words in: {out}");
     assert!(out.is_ascii(), "{out}");
     assert!(
         err.contains("generation: 120 tokens") && err.contains("tokens/s"),

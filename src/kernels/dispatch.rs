@@ -64,7 +64,15 @@ pub fn available() -> Vec<&'static Kernels> {
 
 #[cfg(target_arch = "x86_64")]
 fn super_x86() -> Vec<&'static Kernels> {
-    Vec::new()
+    use super::x86::{avx2, avx512};
+    let mut v: Vec<&'static Kernels> = Vec::new();
+    if avx2::detected() {
+        v.push(&avx2::KERNELS);
+        if avx512::detected() {
+            v.push(&avx512::KERNELS);
+        }
+    }
+    v
 }
 
 #[cfg(target_arch = "aarch64")]

@@ -6,6 +6,8 @@ mod dispatch;
 mod matmul;
 pub mod ops;
 pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 pub use dispatch::{available, by_isa, kernels, Isa, Kernels};
 pub use matmul::{can_multiply, matmul, Weight};

@@ -1,0 +1,218 @@
+//! Kernel throughput per weight type and instruction-set path (every table `kernels::available()` gives).
+//!
+//! - `matvec/<type>/<isa>/<threads>t`: a 4096×4096 matrix times one activation row, in GB/s of weight
+//!   bytes (criterion's `bytes/s`). Several copies of the matrix (≥ 256 MiB in all) are used in turn so
+//!   the weights come from memory, not cache, as in decoding.
+//! - `gemm/<type>/<isa>/<threads>t`: the same matrix times 512 activation rows (32 for the scalar path),
+//!   reported as multiply-adds × 2 per second (criterion's `elem/s` = FLOP/s-equivalent).
+//! - `membw/<threads>t`: reading a 1 GiB buffer (sum of u64), the bandwidth the matvec figures compare to.
+//!
+//! Activation quantization is done once outside the timed loop. Select with criterion filters, e.g.
+//! `cargo bench --bench kernels -- 'matvec/Q4_K'`; `DELTAQ_BENCH_TYPES=Q4_K,Q8_0` limits the types.
+
+use std::hint::black_box;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use deltaq::kernels::{self, Isa, Kernels};
+use deltaq::quant::{self, GgmlType};
+use rayon::prelude::*;
+
+const N: usize = 4096;
+const ALL_TYPES: [GgmlType; 13] = [
+    GgmlType::Q4_K,
+    GgmlType::Q8_0,
+    GgmlType::Q6_K,
+    GgmlType::Q5_K,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
+
+fn types() -> Vec<GgmlType> {
+    match std::env::var("DELTAQ_BENCH_TYPES") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| GgmlType::from_name(s.trim()).expect("type name"))
+            .collect(),
+        Err(_) => ALL_TYPES.to_vec(),
+    }
+}
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+struct Rng(u64);
+impl Rng {
+    fn f(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (self.0 >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// One 4096×4096 matrix of `ty` (quantized from random floats, row by row).
+fn matrix(ty: GgmlType) -> Vec<u8> {
+    let mut rng = Rng(1);
+    let rb = ty.row_bytes(N as u64).unwrap() as usize;
+    let mut out = vec![0u8; rb * N];
+    let row: Vec<f32> = (0..N).map(|_| rng.f()).collect();
+    // Rows differ by a rotation of one random row: cheap to make, still realistic values.
+    out.par_chunks_mut(rb).enumerate().for_each(|(r, o)| {
+        let x: Vec<f32> = (0..N).map(|i| row[(i + 17 * r) % N]).collect();
+        match ty {
+            GgmlType::F32 => o.copy_from_slice(bytemuck::cast_slice(&x)),
+            GgmlType::F16 => o
+                .chunks_exact_mut(2)
+                .zip(&x)
+                .for_each(|(o, v)| o.copy_from_slice(&quant::f16_from_f32(*v).to_le_bytes())),
+            GgmlType::BF16 => o
+                .chunks_exact_mut(2)
+                .zip(&x)
+                .for_each(|(o, v)| o.copy_from_slice(&quant::bf16_from_f32(*v).to_le_bytes())),
+            _ => quant::quantize_row(ty, &x, o).unwrap(),
+        }
+    });
+    out
+}
+
+/// `out = W · A` for `n_tok` activation rows, rows split over the current rayon pool in chunks.
+fn run(
+    k: &Kernels,
+    ty: GgmlType,
+    w: &[u8],
+    act_q: &[u8],
+    act_f: &[f32],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    let rb = w.len() / N;
+    let chunk = if n_tok == 1 { 64 } else { 32 };
+    out.par_chunks_mut(chunk * n_tok)
+        .enumerate()
+        .for_each(|(i, o)| {
+            let rows = o.len() / n_tok;
+            let w = &w[i * chunk * rb..(i * chunk + rows) * rb];
+            if is_float(ty) {
+                (k.float_rows)(ty, w, act_f, n_tok, o)
+            } else {
+                (k.quant_rows)(ty, w, act_q, n_tok, o)
+            }
+        });
+}
+
+fn activations(k: &Kernels, ty: GgmlType, n_tok: usize) -> (Vec<u8>, Vec<f32>) {
+    let mut rng = Rng(7);
+    let x: Vec<f32> = (0..n_tok * N).map(|_| rng.f()).collect();
+    if is_float(ty) {
+        return (Vec::new(), x);
+    }
+    let act = ty.vec_dot_type();
+    let rb = act.row_bytes(N as u64).unwrap() as usize;
+    let mut q = vec![0u8; n_tok * rb];
+    for (x, q) in x.chunks_exact(N).zip(q.chunks_exact_mut(rb)) {
+        (k.quantize_act)(act, x, q);
+    }
+    (q, x)
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+fn thread_counts() -> Vec<usize> {
+    let max = std::thread::available_parallelism().map_or(1, |n| n.get());
+    [1, 2].into_iter().filter(|&t| t <= max).collect()
+}
+
+fn matvec(c: &mut Criterion) {
+    for ty in types() {
+        let one = matrix(ty);
+        let copies = (256usize << 20).div_ceil(one.len()).max(2);
+        let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        let mut g = c.benchmark_group(format!("matvec/{}", ty.name()));
+        g.throughput(Throughput::Bytes(one.len() as u64));
+        for k in kernels::available() {
+            let (q, f) = activations(k, ty, 1);
+            for threads in thread_counts() {
+                let p = pool(threads);
+                let mut out = vec![0f32; N];
+                let mut i = 0;
+                g.bench_function(BenchmarkId::new(k.isa.name(), format!("{threads}t")), |b| {
+                    b.iter(|| {
+                        i = (i + 1) % copies;
+                        p.install(|| run(k, ty, &mats[i], &q, &f, 1, &mut out));
+                        black_box(&out);
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+fn gemm(c: &mut Criterion) {
+    for ty in types() {
+        let w = matrix(ty);
+        let mut g = c.benchmark_group(format!("gemm/{}", ty.name()));
+        g.sample_size(10);
+        for k in kernels::available() {
+            let n_tok = if k.isa == Isa::Scalar { 32 } else { 512 };
+            g.throughput(Throughput::Elements((2 * N * N * n_tok) as u64));
+            let (q, f) = activations(k, ty, n_tok);
+            for threads in thread_counts() {
+                let p = pool(threads);
+                let mut out = vec![0f32; N * n_tok];
+                g.bench_function(BenchmarkId::new(k.isa.name(), format!("{threads}t")), |b| {
+                    b.iter(|| {
+                        p.install(|| run(k, ty, &w, &q, &f, n_tok, &mut out));
+                        black_box(&out);
+                    })
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
+fn membw(c: &mut Criterion) {
+    let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect(); // 1 GiB
+    let mut g = c.benchmark_group("membw");
+    g.sample_size(10);
+    g.throughput(Throughput::Bytes((buf.len() * 8) as u64));
+    for threads in thread_counts() {
+        let p = pool(threads);
+        g.bench_function(format!("{threads}t"), |b| {
+            b.iter(|| {
+                p.install(|| {
+                    buf.par_chunks(buf.len() / threads)
+                        .map(|part| {
+                            let mut acc = [0u64; 8];
+                            for c in part.chunks_exact(8) {
+                                for l in 0..8 {
+                                    acc[l] = acc[l].wrapping_add(c[l]);
+                                }
+                            }
+                            acc.iter().fold(0u64, |s, v| s.wrapping_add(*v))
+                        })
+                        .reduce(|| 0, u64::wrapping_add)
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, membw, matvec, gemm);
+criterion_main!(benches);

@@ -1,0 +1,101 @@
+//! The AVX-512 table (F, BW, VL, VNNI): `vpdpbusd` / `vpdpwssd` integer dot products on 256-bit vectors
+//! (EVEX encoding: 32 registers, so larger tiles), the same kernel bodies as AVX2.
+
+use core::arch::x86_64::*;
+
+use super::{Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use crate::kernels::dispatch::{Isa, Kernels};
+use crate::quant::GgmlType;
+
+/// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
+pub static KERNELS: Kernels = Kernels {
+    isa: Isa::Avx512,
+    quant_rows,
+    float_rows,
+    quantize_act,
+};
+
+/// The CPU features every function below is compiled for.
+pub fn detected() -> bool {
+    super::avx2::detected()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+pub(crate) struct Avx512;
+
+impl Simd for Avx512 {
+    #[inline(always)]
+    unsafe fn dot_u8i8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(acc, a, b)
+    }
+    #[inline(always)]
+    unsafe fn dot_u8i8_s16(acc: __m256i, a: __m256i, b: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(a, b), s)
+    }
+}
+
+type QuantFn = unsafe fn(&[u8], &[u8], usize, &mut [f32]);
+
+macro_rules! entries {
+    ($($name:ident => $k:ty, $rd:literal, $rp:literal, $tp:literal;)*) => {$(
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn $name(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+            super::quant_rows::<Avx512, $k, $rd, $rp, $tp>(w, a, n_tok, out)
+        }
+    )*};
+}
+
+entries! {
+    q4_0 => Q4_0, 4, 4, 4;
+    q4_1 => Q4_1, 4, 4, 4;
+    q5_0 => Q5_0, 4, 4, 4;
+    q5_1 => Q5_1, 4, 4, 4;
+    q8_0 => Q8_0, 4, 4, 4;
+    q2_k => Q2K, 4, 4, 4;
+    q3_k => Q3K, 4, 4, 4;
+    q4_k => Q4K, 4, 4, 4;
+    q5_k => Q5K, 4, 4, 4;
+    q6_k => Q6K, 4, 4, 4;
+}
+
+fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    let f: QuantFn = match ty {
+        GgmlType::Q4_0 => q4_0,
+        GgmlType::Q4_1 => q4_1,
+        GgmlType::Q5_0 => q5_0,
+        GgmlType::Q5_1 => q5_1,
+        GgmlType::Q8_0 => q8_0,
+        GgmlType::Q2_K => q2_k,
+        GgmlType::Q3_K => q3_k,
+        GgmlType::Q4_K => q4_k,
+        GgmlType::Q5_K => q5_k,
+        GgmlType::Q6_K => q6_k,
+        other => panic!("quant_rows called with {other}"),
+    };
+    // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed
+    // AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI, the features `f` is compiled for; lengths are checked inside.
+    unsafe { f(w, a, n_tok, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn float_rows_impl(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]) {
+    super::float_rows::<4, 4, 4>(ty, w, a, n_tok, out)
+}
+
+fn float_rows(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]) {
+    // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
+    unsafe { float_rows_impl(ty, w, a, n_tok, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn quantize_act_impl(ty: GgmlType, x: &[f32], out: &mut [u8]) {
+    super::quantize_act(ty, x, out)
+}
+
+fn quantize_act(ty: GgmlType, x: &[f32], out: &mut [u8]) {
+    // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
+    unsafe { quantize_act_impl(ty, x, out) }
+}

@@ -1,0 +1,267 @@
+//! x86-64 kernels: AVX2 (+FMA, F16C) and AVX-512 (F/BW/VL/VNNI).
+//!
+//! The kernel bodies are written once, generic over [`Simd`] (the few integer dot-product primitives that
+//! differ between the two instruction sets), and marked `#[inline(always)]`, so that each instantiation
+//! is compiled inside one `#[target_feature]` entry point per weight type in [`avx2`] / [`avx512`]. Those
+//! modules hand out their tables only after `is_x86_feature_detected!` confirmed the features.
+//!
+//! Layout of the work: a call gets `n_rows` weight rows and `n_tok` quantized activation rows. Decode
+//! (`n_tok == 1`) runs tiles of several rows × 1 token (the activation chunk is loaded once for all rows);
+//! prefill runs tiles of rows × tokens, token tiles outermost so the call's weight rows stay in cache
+//! while the activations stream through once. Integer sums are exact (the same i32 values as the scalar
+//! reference); only the float accumulation differs in association.
+
+use core::arch::x86_64::*;
+
+pub mod avx2;
+pub mod avx512;
+mod float;
+mod kquants;
+mod legacy;
+mod quantize;
+
+/// The integer dot-product primitives that differ between AVX2 and AVX-512 VNNI. Both implementations
+/// return bit-identical results for the inputs the kernels pass.
+pub(crate) trait Simd {
+    /// `acc + Σ₄ a·b`: u8 × i8 products summed in groups of four consecutive bytes into each i32 lane.
+    /// Callers guarantee that adjacent pairs of products fit an i16 (AVX2's `maddubs` saturates).
+    unsafe fn dot_u8i8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
+    /// `acc + madd(maddubs(a, b), s)`: u8 × i8 pair sums (must fit i16) times the i16 lanes of `s`,
+    /// pairs summed into each i32 lane.
+    unsafe fn dot_u8i8_s16(acc: __m256i, a: __m256i, b: __m256i, s: __m256i) -> __m256i;
+}
+
+#[inline(always)]
+unsafe fn loadu(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn loadu128(p: *const u8) -> __m128i {
+    _mm_loadu_si128(p as *const __m128i)
+}
+
+#[inline(always)]
+unsafe fn read_u16(p: *const u8) -> u16 {
+    u16::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 2]))
+}
+
+#[inline(always)]
+unsafe fn read_u32(p: *const u8) -> u32 {
+    u32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4]))
+}
+
+#[inline(always)]
+unsafe fn read_f32(p: *const u8) -> f32 {
+    f32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4]))
+}
+
+/// f16 at `p` → f32 (F16C, exact).
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(read_u16(p) as i32)))
+}
+
+/// Sum of the 8 lanes.
+#[inline(always)]
+unsafe fn hsum_ps(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The per-tile interface every quantized weight type implements: `R` weight rows × `T` activation rows,
+/// `nb` blocks each; returns `out[r][t]`.
+pub(crate) trait QuantTile {
+    /// Bytes per weight block.
+    const WB: usize;
+    /// Bytes per activation block.
+    const AB: usize;
+    unsafe fn tile<S: Simd, const R: usize, const T: usize>(
+        w: [*const u8; R],
+        a: [*const u8; T],
+        nb: usize,
+    ) -> [[f32; T]; R];
+}
+
+/// `out[r * n_tok + t] = W[r] · A[t]` with tiles of `RD` rows for decode and `RP` rows × `TP` tokens
+/// for prefill.
+///
+/// # Safety
+/// The CPU must support the features `S` and `K` are compiled for (the caller's target features).
+#[inline(always)]
+pub(crate) unsafe fn quant_rows<
+    S: Simd,
+    K: QuantTile,
+    const RD: usize,
+    const RP: usize,
+    const TP: usize,
+>(
+    w: &[u8],
+    a: &[u8],
+    n_tok: usize,
+    out: &mut [f32],
+) {
+    if n_tok == 0 || out.is_empty() {
+        return;
+    }
+    let n_rows = out.len() / n_tok;
+    assert_eq!(n_rows * n_tok, out.len(), "output is not rows × tokens");
+    let rb = w.len() / n_rows;
+    let ab = a.len() / n_tok;
+    let nb = rb / K::WB;
+    assert!(
+        rb * n_rows == w.len() && nb * K::WB == rb && a.len() == n_tok * ab && nb * K::AB == ab,
+        "quant_rows: weight/activation lengths do not match"
+    );
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let wrow = |r: usize| wp.add(r * rb);
+    let arow = |t: usize| ap.add(t * ab);
+    if n_tok == 1 {
+        let mut r = 0;
+        while r + RD <= n_rows {
+            let res = K::tile::<S, RD, 1>(core::array::from_fn(|i| wrow(r + i)), [arow(0)], nb);
+            for (i, v) in res.iter().enumerate() {
+                out[r + i] = v[0];
+            }
+            r += RD;
+        }
+        while r < n_rows {
+            out[r] = K::tile::<S, 1, 1>([wrow(r)], [arow(0)], nb)[0][0];
+            r += 1;
+        }
+        return;
+    }
+    let mut t = 0;
+    while t < n_tok {
+        let tt = TP.min(n_tok - t);
+        let mut r = 0;
+        while r < n_rows {
+            let rr = RP.min(n_rows - r);
+            if rr == RP && tt == TP {
+                let res = K::tile::<S, RP, TP>(
+                    core::array::from_fn(|i| wrow(r + i)),
+                    core::array::from_fn(|j| arow(t + j)),
+                    nb,
+                );
+                for (i, row) in res.iter().enumerate() {
+                    out[(r + i) * n_tok + t..][..TP].copy_from_slice(row);
+                }
+            } else if tt == TP {
+                for i in 0..rr {
+                    let res = K::tile::<S, 1, TP>(
+                        [wrow(r + i)],
+                        core::array::from_fn(|j| arow(t + j)),
+                        nb,
+                    );
+                    out[(r + i) * n_tok + t..][..TP].copy_from_slice(&res[0]);
+                }
+            } else if rr == RP {
+                for j in 0..tt {
+                    let res = K::tile::<S, RP, 1>(
+                        core::array::from_fn(|i| wrow(r + i)),
+                        [arow(t + j)],
+                        nb,
+                    );
+                    for (i, v) in res.iter().enumerate() {
+                        out[(r + i) * n_tok + t + j] = v[0];
+                    }
+                }
+            } else {
+                for i in 0..rr {
+                    for j in 0..tt {
+                        out[(r + i) * n_tok + t + j] =
+                            K::tile::<S, 1, 1>([wrow(r + i)], [arow(t + j)], nb)[0][0];
+                    }
+                }
+            }
+            r += rr;
+        }
+        t += tt;
+    }
+}
+
+pub(crate) use float::float_rows;
+pub(crate) use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
+pub(crate) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+pub(crate) use quantize::quantize_act;
+
+#[cfg(test)]
+mod tests {
+    //! The AVX-512 table's tile shapes (4 rows × 4 tokens) run through the AVX2 primitives, so the
+    //! shape-generic code the AVX-512 path uses is tested on AVX2-only machines too.
+
+    use super::avx2::Avx2;
+    use super::*;
+    use crate::kernels::scalar;
+    use crate::quant::{self, GgmlType};
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn rows_4x4(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+        match ty {
+            GgmlType::Q4_0 => quant_rows::<Avx2, Q4_0, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q4_1 => quant_rows::<Avx2, Q4_1, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q5_0 => quant_rows::<Avx2, Q5_0, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q5_1 => quant_rows::<Avx2, Q5_1, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q8_0 => quant_rows::<Avx2, Q8_0, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q2_K => quant_rows::<Avx2, Q2K, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q3_K => quant_rows::<Avx2, Q3K, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q4_K => quant_rows::<Avx2, Q4K, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q5_K => quant_rows::<Avx2, Q5K, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::Q6_K => quant_rows::<Avx2, Q6K, 4, 4, 4>(w, a, n_tok, out),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn avx512_tile_shapes_on_avx2() {
+        if !avx2::detected() {
+            return;
+        }
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let n = 512;
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::Q2_K,
+            GgmlType::Q3_K,
+            GgmlType::Q4_K,
+            GgmlType::Q5_K,
+            GgmlType::Q6_K,
+        ] {
+            for (rows, n_tok) in [(9, 1), (9, 9), (4, 4), (7, 5)] {
+                let wf: Vec<f32> = (0..rows * n)
+                    .map(|_| (rnd() >> 40) as f32 / 8e6 - 1.0)
+                    .collect();
+                let xf: Vec<f32> = (0..n_tok * n)
+                    .map(|_| (rnd() >> 40) as f32 / 8e6 - 1.0)
+                    .collect();
+                let rb = ty.row_bytes(n as u64).unwrap() as usize;
+                let act = ty.vec_dot_type();
+                let ab = act.row_bytes(n as u64).unwrap() as usize;
+                let mut w = vec![0u8; rows * rb];
+                let mut a = vec![0u8; n_tok * ab];
+                quant::quantize_row(ty, &wf, &mut w).unwrap();
+                quant::quantize_row(act, &xf, &mut a).unwrap();
+                let mut want = vec![0f32; rows * n_tok];
+                let mut got = vec![0f32; rows * n_tok];
+                scalar::quant_rows(ty, &w, &a, n_tok, &mut want);
+                // SAFETY: AVX2, FMA and F16C were detected above.
+                unsafe { rows_4x4(ty, &w, &a, n_tok, &mut got) };
+                for (g, s) in got.iter().zip(&want) {
+                    assert!((g - s).abs() <= 1e-4 * s.abs().max(1.0), "{ty}: {g} vs {s}");
+                }
+            }
+        }
+    }
+}

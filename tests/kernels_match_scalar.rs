@@ -1,0 +1,522 @@
+//! Every kernel table this CPU runs (`deltaq::kernels::available()`: scalar, AVX2, AVX-512, NEON, ...)
+//! against the scalar reference: quantized and float row products on random and edge-case blocks for
+//! every weight type, odd row counts and several token counts, activation quantizers byte for byte,
+//! `DELTAQ_ISA` forcing a table, and whole-model logits with every table.
+//!
+//! Tables other than scalar are generic over the instruction set, so the same file tests NEON when the
+//! tests run on (or under emulation of) an aarch64 CPU.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use deltaq::kernels::{self, Isa, Kernels};
+use deltaq::quant::{self, GgmlType};
+
+const QUANT_TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 56) as u8
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+fn tables() -> Vec<&'static Kernels> {
+    let all = kernels::available();
+    assert_eq!(all[0].isa, Isa::Scalar, "scalar comes first");
+    all
+}
+
+fn scalar() -> &'static Kernels {
+    tables()[0]
+}
+
+/// Offsets of the f16 scale fields in a weight block.
+fn f16_fields(ty: GgmlType) -> &'static [usize] {
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => unreachable!(),
+    }
+}
+
+/// The byte range of a weight block that holds codes (not scales).
+fn code_bytes(ty: GgmlType) -> std::ops::Range<usize> {
+    match ty {
+        GgmlType::Q4_0 => 2..18,
+        GgmlType::Q4_1 => 4..20,
+        GgmlType::Q5_0 => 2..22,
+        GgmlType::Q5_1 => 4..24,
+        GgmlType::Q8_0 => 2..34,
+        GgmlType::Q2_K => 16..80,
+        GgmlType::Q3_K => 0..96,
+        GgmlType::Q4_K => 16..144,
+        GgmlType::Q5_K => 16..176,
+        GgmlType::Q6_K => 0..192,
+        _ => unreachable!(),
+    }
+}
+
+/// How a weight block is filled.
+#[derive(Clone, Copy, Debug)]
+enum Fill {
+    Random,
+    Zero,
+    /// Every code and scale byte 0xFF (largest codes and scales; Q8_0: all −1), scales at `d`.
+    Ones,
+    /// Every code and scale byte 0x80 (Q8_0: −128).
+    High,
+}
+
+fn weight_rows(ty: GgmlType, rows: usize, n: usize, fill: Fill, rng: &mut Rng) -> Vec<u8> {
+    let bs = ty.type_size();
+    let nb = rows * n / ty.block_size();
+    let mut w = vec![0u8; nb * bs];
+    for blk in w.chunks_exact_mut(bs) {
+        match fill {
+            Fill::Zero => continue,
+            Fill::Random => blk.iter_mut().for_each(|b| *b = rng.byte()),
+            Fill::Ones => blk.fill(0xFF),
+            Fill::High => blk.fill(0x80),
+        }
+        for &o in f16_fields(ty) {
+            // Scales of either sign over several orders of magnitude, sometimes zero.
+            let v = match rng.byte() % 8 {
+                0 => 0.0,
+                1 => 60000.0 * rng.f(),
+                _ => rng.f() * 10f32.powi((rng.byte() % 5) as i32 - 3),
+            };
+            blk[o..o + 2].copy_from_slice(&quant::f16_from_f32(v).to_le_bytes());
+        }
+    }
+    w
+}
+
+/// `n_tok` activation rows of `n` floats: random, with some all-zero, spiky and huge rows.
+fn activations(n_tok: usize, n: usize, rng: &mut Rng) -> Vec<f32> {
+    let mut x = Vec::with_capacity(n_tok * n);
+    for t in 0..n_tok {
+        let kind = (t + rng.byte() as usize) % 5;
+        for i in 0..n {
+            x.push(match kind {
+                0 => 0.0,
+                1 if i % 37 == 0 => 1e4 * rng.f(),
+                4 => 1e3 * rng.f(),
+                _ => rng.f(),
+            });
+        }
+    }
+    x
+}
+
+fn quantize_acts(ty: GgmlType, x: &[f32], n: usize) -> Vec<u8> {
+    let act = ty.vec_dot_type();
+    let rb = act.row_bytes(n as u64).unwrap() as usize;
+    let mut q = vec![0u8; x.len() / n * rb];
+    for (x, q) in x.chunks_exact(n).zip(q.chunks_exact_mut(rb)) {
+        (scalar().quantize_act)(act, x, q);
+    }
+    q
+}
+
+/// Σ |a|·(|w| + |w with codes zeroed|) per (row, token): the scale of the terms a kernel adds, offsets
+/// and mins included, for the tolerance.
+fn magnitudes(ty: GgmlType, w: &[u8], qa: &[u8], n: usize, rows: usize, n_tok: usize) -> Vec<f64> {
+    let act = ty.vec_dot_type();
+    let mut a = vec![0f32; n_tok * n];
+    quant::dequantize_row(act, qa, &mut a).unwrap();
+    let mut zeroed = w.to_vec();
+    let codes = code_bytes(ty);
+    for blk in zeroed.chunks_exact_mut(ty.type_size()) {
+        blk[codes.clone()].fill(0);
+    }
+    let (mut wd, mut zd) = (vec![0f32; rows * n], vec![0f32; rows * n]);
+    quant::dequantize_row(ty, w, &mut wd).unwrap();
+    quant::dequantize_row(ty, &zeroed, &mut zd).unwrap();
+    let mut out = vec![0f64; rows * n_tok];
+    for r in 0..rows {
+        for t in 0..n_tok {
+            out[r * n_tok + t] = (0..n)
+                .map(|i| {
+                    let (w, z) = (wd[r * n + i] as f64, zd[r * n + i] as f64);
+                    (w.abs() + z.abs()) * (a[t * n + i] as f64).abs()
+                })
+                .sum();
+        }
+    }
+    out
+}
+
+fn check_quant(
+    k: &Kernels,
+    ty: GgmlType,
+    rows: usize,
+    n: usize,
+    n_tok: usize,
+    fill: Fill,
+    seed: u64,
+) {
+    let mut rng = Rng(seed);
+    let w = weight_rows(ty, rows, n, fill, &mut rng);
+    let x = activations(n_tok, n, &mut rng);
+    let qa = quantize_acts(ty, &x, n);
+    let mut want = vec![0f32; rows * n_tok];
+    let mut got = vec![f32::NAN; rows * n_tok];
+    (scalar().quant_rows)(ty, &w, &qa, n_tok, &mut want);
+    (k.quant_rows)(ty, &w, &qa, n_tok, &mut got);
+    let mag = magnitudes(ty, &w, &qa, n, rows, n_tok);
+    for i in 0..rows * n_tok {
+        let tol = 1e-5 * mag[i] + 1e-30;
+        assert!(
+            (got[i] as f64 - want[i] as f64).abs() <= tol,
+            "{} {ty} {fill:?} rows={rows} n={n} n_tok={n_tok} row {} tok {}: {} vs scalar {} (tol {tol:e})",
+            k.isa.name(),
+            i / n_tok,
+            i % n_tok,
+            got[i],
+            want[i]
+        );
+    }
+}
+
+#[test]
+fn quant_rows_match_scalar() {
+    for k in tables().into_iter().skip(1) {
+        for (ti, ty) in QUANT_TYPES.into_iter().enumerate() {
+            let bs = ty.block_size();
+            for blocks in [1, 3, 16] {
+                for rows in [1, 3, 5, 17] {
+                    for n_tok in 1..=5 {
+                        let seed = (ti * 1000 + blocks * 100 + rows * 10 + n_tok) as u64 + 1;
+                        check_quant(k, ty, rows, blocks * bs, n_tok, Fill::Random, seed);
+                    }
+                }
+            }
+            for fill in [Fill::Zero, Fill::Ones, Fill::High] {
+                for (rows, n_tok) in [(1, 1), (4, 1), (5, 3), (8, 8)] {
+                    check_quant(k, ty, rows, 2 * bs, n_tok, fill, 7 + rows as u64);
+                }
+            }
+        }
+    }
+}
+
+/// Q8_0 weights of −128 against activations of ±127 (the extremes of the sign trick), exactly.
+#[test]
+fn q8_0_extremes_exact() {
+    let n = 64;
+    let mut w = [0u8; 2 * 34];
+    for (b, blk) in w.chunks_exact_mut(34).enumerate() {
+        blk[..2].copy_from_slice(&quant::f16_from_f32(1.0).to_le_bytes());
+        for (i, q) in blk[2..].iter_mut().enumerate() {
+            *q = if (i + b) % 3 == 0 { 0x80 } else { 0x7F };
+        }
+    }
+    let x: Vec<f32> = (0..2 * n)
+        .map(|i| if i % 2 == 0 { 127.0 } else { -127.0 })
+        .collect();
+    let qa = quantize_acts(GgmlType::Q8_0, &x, n);
+    let mut want = vec![0f32; 2];
+    (scalar().quant_rows)(GgmlType::Q8_0, &w[..68], &qa, 2, &mut want);
+    for k in tables() {
+        let mut got = vec![0f32; 2];
+        (k.quant_rows)(GgmlType::Q8_0, &w[..68], &qa, 2, &mut got);
+        assert_eq!(got, want, "{}", k.isa.name());
+    }
+}
+
+#[test]
+fn float_rows_match_scalar() {
+    for k in tables().into_iter().skip(1) {
+        for ty in [GgmlType::F32, GgmlType::F16, GgmlType::BF16] {
+            for n in [1, 7, 8, 19, 64, 250, 1024] {
+                for rows in [1, 3, 5, 17] {
+                    for n_tok in 1..=5 {
+                        let mut rng = Rng((n * 100 + rows * 10 + n_tok) as u64);
+                        let wf: Vec<f32> = (0..rows * n).map(|_| rng.f() * 3.0).collect();
+                        let w: Vec<u8> = match ty {
+                            GgmlType::F32 => wf.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                            GgmlType::F16 => wf
+                                .iter()
+                                .flat_map(|v| quant::f16_from_f32(*v).to_le_bytes())
+                                .collect(),
+                            _ => wf
+                                .iter()
+                                .flat_map(|v| quant::bf16_from_f32(*v).to_le_bytes())
+                                .collect(),
+                        };
+                        let a = activations(n_tok, n, &mut rng);
+                        let mut want = vec![0f32; rows * n_tok];
+                        let mut got = vec![f32::NAN; rows * n_tok];
+                        (scalar().float_rows)(ty, &w, &a, n_tok, &mut want);
+                        (k.float_rows)(ty, &w, &a, n_tok, &mut got);
+                        for r in 0..rows {
+                            for t in 0..n_tok {
+                                let mag: f64 = (0..n)
+                                    .map(|i| (wf[r * n + i] as f64 * a[t * n + i] as f64).abs())
+                                    .sum();
+                                let (g, w) = (got[r * n_tok + t], want[r * n_tok + t]);
+                                assert!(
+                                    (g as f64 - w as f64).abs() <= 1e-5 * mag + 1e-30,
+                                    "{} {ty} n={n} rows={rows} n_tok={n_tok} r={r} t={t}: {g} vs {w}",
+                                    k.isa.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Inputs that exercise the quantizers' rounding, maxima and special values, 256 floats each.
+fn quantizer_inputs() -> Vec<Vec<f32>> {
+    let mut rng = Rng(99);
+    let mut v: Vec<Vec<f32>> = Vec::new();
+    v.push(vec![0.0; 256]);
+    v.push(vec![-0.0; 256]);
+    v.push((0..256).map(|_| rng.f()).collect());
+    v.push((0..256).map(|_| rng.f() * 1e30).collect());
+    v.push((0..256).map(|_| rng.f() * 1e-40).collect()); // subnormal maxima
+                                                         // Exact ties: amax 127 makes d = 1, so x·id lands on halves (roundf vs ties-to-even).
+    v.push(
+        (0..256)
+            .map(|i| match i % 32 {
+                0 => 127.0,
+                j => (j as f32 - 16.0) + 0.5,
+            })
+            .collect(),
+    );
+    // Q8_K ties: the first extreme is −127 → iscale = 1.
+    v.push(
+        (0..256)
+            .map(|i| {
+                if i == 3 {
+                    -127.0
+                } else {
+                    (i % 40) as f32 - 19.5
+                }
+            })
+            .collect(),
+    );
+    // Equal magnitudes of both signs: the first one's sign wins.
+    v.push(
+        (0..256)
+            .map(|i| if i % 2 == 0 { 5.0 } else { -5.0 })
+            .collect(),
+    );
+    v.push(
+        (0..256)
+            .map(|i| if i % 2 == 0 { -5.0 } else { 5.0 })
+            .collect(),
+    );
+    let mut special = (0..256).map(|_| rng.f()).collect::<Vec<f32>>();
+    special[5] = f32::NAN;
+    special[40] = f32::INFINITY;
+    special[200] = f32::NEG_INFINITY;
+    v.push(special);
+    let mut inf = (0..256).map(|_| rng.f()).collect::<Vec<f32>>();
+    inf[70] = f32::INFINITY;
+    v.push(inf);
+    let mut nan = vec![1.0; 256];
+    nan[255] = f32::NAN;
+    v.push(nan);
+    v.push(vec![f32::NAN; 256]);
+    v.push((0..256).map(|i| (i as f32 * 0.37).sin() * 3.0).collect());
+    v
+}
+
+#[test]
+fn quantize_act_matches_scalar_bytes() {
+    for k in tables().into_iter().skip(1) {
+        for ty in [GgmlType::Q8_0, GgmlType::Q8_1, GgmlType::Q8_K] {
+            let all = quantizer_inputs();
+            for (i, x) in all.iter().enumerate() {
+                let rb = ty.row_bytes(x.len() as u64).unwrap() as usize;
+                let (mut want, mut got) = (vec![0u8; rb], vec![0xAAu8; rb]);
+                (scalar().quantize_act)(ty, x, &mut want);
+                (k.quantize_act)(ty, x, &mut got);
+                assert_eq!(got, want, "{} {ty} input {i}", k.isa.name());
+            }
+            // A long row: all inputs back to back.
+            let x: Vec<f32> = all.concat();
+            let rb = ty.row_bytes(x.len() as u64).unwrap() as usize;
+            let (mut want, mut got) = (vec![0u8; rb], vec![0u8; rb]);
+            (scalar().quantize_act)(ty, &x, &mut want);
+            (k.quantize_act)(ty, &x, &mut got);
+            assert_eq!(got, want, "{} {ty} long row", k.isa.name());
+        }
+    }
+}
+
+/// Child side of the subprocess tests: does nothing unless `DELTAQ_TEST_CHILD` is set.
+#[test]
+fn child_probe() {
+    let Ok(what) = std::env::var("DELTAQ_TEST_CHILD") else {
+        return;
+    };
+    println!("probe-isa={}", kernels::kernels().isa.name());
+    if let Some(rest) = what.strip_prefix("logits:") {
+        let (model, out) = rest.split_once('|').unwrap();
+        let logits = run_model(model);
+        let bytes: Vec<u8> = logits.iter().flat_map(|v| v.to_le_bytes()).collect();
+        std::fs::write(out, bytes).unwrap();
+    }
+}
+
+/// Runs this test binary's `child_probe` with `DELTAQ_ISA=isa`; returns its output.
+fn run_child(isa: &str, what: &str) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let out = Command::new(exe)
+        .args(["--exact", "child_probe", "--nocapture", "--test-threads=1"])
+        .env("DELTAQ_ISA", isa)
+        .env("DELTAQ_TEST_CHILD", what)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "child with DELTAQ_ISA={isa} failed:\n{text}"
+    );
+    text
+}
+
+#[test]
+fn deltaq_isa_forces_a_table() {
+    for k in tables() {
+        let out = run_child(k.isa.name(), "isa");
+        assert!(
+            out.contains(&format!("probe-isa={}\n", k.isa.name())),
+            "DELTAQ_ISA={} gave:\n{out}",
+            k.isa.name()
+        );
+    }
+    // Upper case works too; an unknown name falls back to the best table with a warning.
+    assert!(run_child("SCALAR", "isa").contains("probe-isa=scalar\n"));
+    let best = tables().last().unwrap().isa.name();
+    let out = run_child("no-such-isa", "isa");
+    assert!(out.contains(&format!("probe-isa={best}\n")), "{out}");
+    assert!(out.contains("warning: DELTAQ_ISA=no-such-isa"), "{out}");
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/shared")
+        .join(rel);
+    assert!(
+        p.exists(),
+        "missing test fixture {}: run tools/fetch-fixtures.sh (copies it from ../shared/fixtures)",
+        p.display()
+    );
+    p
+}
+
+/// Logits of a batch forward of the golden tokens, then two single-token steps.
+fn run_model(path: &str) -> Vec<f32> {
+    use deltaq::gguf::GgufFile;
+    use deltaq::model::{Model, Session};
+    let f = GgufFile::open(path).unwrap();
+    let model = Model::load(&f).unwrap();
+    let tokens: Vec<u32> = deltaq::npy::read(&fixture("tiny-r2/golden/tokens.npy"))
+        .unwrap()
+        .data
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
+    let mut s = Session::new(&model, None);
+    let mut logits = s.forward(&tokens).unwrap();
+    for &t in &tokens[..2] {
+        logits.extend(s.forward(&[t]).unwrap());
+    }
+    logits
+}
+
+#[test]
+fn model_logits_same_with_every_isa() {
+    // (file, bound on max |Δ| / max |logit|, bound on rms(Δ) / rms(logits)). Float weights only differ
+    // by the association of f32 sums. With quantized weights the activations are re-quantized to 8 bits
+    // at every layer: a last-bit difference that moves one value across a rounding boundary changes it
+    // by a full quantization step, and this tiny random-weight model amplifies that (perturbing the
+    // scalar kernel's outputs by 1.2e-7 relative moves its logits by up to ~5% of their range, the
+    // same as switching ISA), so those bounds are statistical: a wrong kernel moves logits by O(100%).
+    for (file, max_rel, rms_rel) in [
+        ("tiny-r2/tiny-r2-F16.gguf", 1e-4, 1e-5),
+        ("tiny-r2/quant/tiny-r2-Q4_K_M.gguf", 0.15, 0.06),
+        ("tiny-r2/quant/tiny-r2-pure-Q8_0.gguf", 0.15, 0.06),
+    ] {
+        let path = fixture(file);
+        let dir = tempfile::tempdir().unwrap();
+        let mut results: Vec<(&str, Vec<f32>)> = Vec::new();
+        for k in tables() {
+            let out = dir.path().join(format!("{}.bin", k.isa.name()));
+            let what = format!("logits:{}|{}", path.display(), out.display());
+            let text = run_child(k.isa.name(), &what);
+            assert!(
+                text.contains(&format!("probe-isa={}\n", k.isa.name())),
+                "{text}"
+            );
+            let bytes = std::fs::read(&out).unwrap();
+            let logits: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            results.push((k.isa.name(), logits));
+        }
+        let (_, base) = &results[0];
+        let rms = |v: &mut dyn Iterator<Item = f32>| {
+            let (s, n) = v.fold((0f64, 0usize), |(s, n), x| (s + (x as f64).powi(2), n + 1));
+            (s / n.max(1) as f64).sqrt()
+        };
+        let scale = base.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+        let base_rms = rms(&mut base.iter().copied());
+        for (name, l) in &results[1..] {
+            assert_eq!(l.len(), base.len());
+            assert!(
+                l.iter().all(|v| v.is_finite()),
+                "{file}: {name} logits not finite"
+            );
+            let diff = l
+                .iter()
+                .zip(base)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max) as f64;
+            let diff_rms = rms(&mut l.iter().zip(base).map(|(a, b)| a - b));
+            eprintln!(
+                "{file}: {name} vs scalar: max |Δ| {:.2e} of max |logit| {scale:.3}, rms Δ {:.2e} of rms {base_rms:.3}",
+                diff, diff_rms
+            );
+            assert!(
+                diff <= max_rel * scale && diff_rms <= rms_rel * base_rms,
+                "{file}: {name} logits differ from scalar: max {diff}, rms {diff_rms}"
+            );
+        }
+    }
+}
