@@ -7,6 +7,7 @@ pub mod gguf;
 pub mod kernels;
 pub mod model;
 pub mod npy;
+pub mod perplexity;
 pub mod quant;
 pub mod quantize;
 pub mod sampling;

@@ -3,6 +3,7 @@
 mod convert;
 mod eval;
 mod inspect;
+mod perplexity;
 mod quantize;
 mod run;
 mod tensor;
@@ -33,6 +34,9 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Quantize a GGUF file with llama-quantize's recipes
     Quantize(quantize::Args),
+    /// Perplexity of GGUF files on a text (like llama-perplexity), KL divergence between them, a table
+    /// and a plot; --quantize-from makes the quantized variants first
+    Perplexity(perplexity::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -44,5 +48,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tensor(a) => tensor::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
     }
 }
