@@ -22,25 +22,12 @@ fn open_gguf(c: &mut Criterion) {
     });
 }
 
-const TYPES: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
-
 fn quant_paths(c: &mut Criterion) {
     let n = 4096;
     let x: Vec<f32> = (0..n).map(|i| 0.1 + 2.0 * (i as f32).cos()).collect();
     let mut g = c.benchmark_group("quant_ref");
     g.throughput(Throughput::Elements(n as u64));
-    for ty in TYPES {
+    for ty in GgmlType::WEIGHT_QUANTS {
         let mut q = vec![0u8; ty.row_bytes(n as u64).unwrap() as usize];
         quantize_row(ty, &x, &mut q).unwrap();
         let at = ty.vec_dot_type();

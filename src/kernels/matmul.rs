@@ -37,19 +37,7 @@ impl<'a> Weight<'a> {
 /// a tensor name ("has type ...").
 pub fn can_multiply(ty: GgmlType, n_in: usize) -> Result<(), String> {
     let float = matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
-    let quant = matches!(
-        ty,
-        GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q8_0
-            | GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-    );
+    let quant = GgmlType::WEIGHT_QUANTS.contains(&ty);
     if !float && !quant {
         return Err(format!("has type {ty}, which deltaq cannot multiply"));
     }

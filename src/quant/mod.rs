@@ -182,6 +182,20 @@ impl GgmlType {
         }
     }
 
+    /// The block-quantized weight formats (those with a dot product against a Q8 activation format).
+    pub const WEIGHT_QUANTS: [GgmlType; 10] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
     /// Parses a type name, case-insensitively ("q4_k", "Q8_0", "bf16").
     pub fn from_name(name: &str) -> Option<GgmlType> {
         GgmlType::ALL

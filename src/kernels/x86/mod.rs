@@ -227,18 +227,7 @@ mod tests {
             seed
         };
         let n = 512;
-        for ty in [
-            GgmlType::Q4_0,
-            GgmlType::Q4_1,
-            GgmlType::Q5_0,
-            GgmlType::Q5_1,
-            GgmlType::Q8_0,
-            GgmlType::Q2_K,
-            GgmlType::Q3_K,
-            GgmlType::Q4_K,
-            GgmlType::Q5_K,
-            GgmlType::Q6_K,
-        ] {
+        for ty in GgmlType::WEIGHT_QUANTS {
             for (rows, n_tok) in [(9, 1), (9, 9), (4, 4), (7, 5)] {
                 let wf: Vec<f32> = (0..rows * n)
                     .map(|_| (rnd() >> 40) as f32 / 8e6 - 1.0)
