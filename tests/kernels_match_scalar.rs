@@ -380,10 +380,16 @@ fn child_probe() {
     }
 }
 
-/// Runs this test binary's `child_probe` with `DELTAQ_ISA=isa`; returns its output.
+/// Runs this test binary's `child_probe` with `DELTAQ_ISA=isa`; returns its output. Under emulation
+/// `DELTAQ_TEST_RUNNER` (e.g. "qemu-aarch64-static -cpu cortex-a76") starts the child, as cargo's
+/// runner started this process.
 fn run_child(isa: &str, what: &str) -> String {
     let exe = std::env::current_exe().unwrap();
-    let out = Command::new(exe)
+    let runner = std::env::var("DELTAQ_TEST_RUNNER").unwrap_or_default();
+    let mut argv: Vec<std::ffi::OsString> = runner.split_whitespace().map(Into::into).collect();
+    argv.push(exe.into());
+    let out = Command::new(&argv[0])
+        .args(&argv[1..])
         .args(["--exact", "child_probe", "--nocapture", "--test-threads=1"])
         .env("DELTAQ_ISA", isa)
         .env("DELTAQ_TEST_CHILD", what)

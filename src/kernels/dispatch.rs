@@ -77,7 +77,7 @@ fn super_x86() -> Vec<&'static Kernels> {
 
 #[cfg(target_arch = "aarch64")]
 fn super_arm() -> Vec<&'static Kernels> {
-    Vec::new()
+    super::arm::tables()
 }
 
 /// The table for `isa`, if this CPU runs it.

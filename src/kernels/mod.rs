@@ -2,6 +2,8 @@
 //! calls the kernel table chosen once for this CPU ([`kernels`]): one table per instruction set, each
 //! held by tests to the scalar reference ([`scalar`]).
 
+#[cfg(target_arch = "aarch64")]
+mod arm;
 mod dispatch;
 mod matmul;
 pub mod ops;

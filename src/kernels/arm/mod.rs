@@ -1,0 +1,91 @@
+//! AArch64 kernels: plain NEON (every ARMv8-A core, e.g. Raspberry Pi 3/4) and NEON with the dot-product
+//! extension (`sdot`, Cortex-A55/A76 and later, e.g. Raspberry Pi 5).
+//!
+//! Both tables share the float kernels and the activation quantizers; they differ in the integer dot
+//! product of the quantized kernels ([`neon::Smull`] or [`neon::Sdot`]). The dotprod table is only handed
+//! out when the CPU reports the feature.
+
+mod float;
+mod kquants;
+mod legacy;
+mod neon;
+mod quantize;
+#[cfg(test)]
+mod tests;
+
+use super::dispatch::{Isa, Kernels};
+use crate::quant::GgmlType;
+use neon::{Dot, Sdot, Smull};
+
+/// Plain NEON: `smull` + `sadalp` integer dot products.
+pub static NEON: Kernels = Kernels {
+    isa: Isa::Neon,
+    quant_rows: quant_rows_neon,
+    float_rows: float::float_rows,
+    quantize_act: quantize::quantize_act,
+};
+
+/// NEON with FEAT_DotProd: `sdot` integer dot products.
+pub static NEON_DOTPROD: Kernels = Kernels {
+    isa: Isa::NeonDotprod,
+    quant_rows: quant_rows_dotprod,
+    float_rows: float::float_rows,
+    quantize_act: quantize::quantize_act,
+};
+
+/// The tables this CPU runs, lowest first.
+pub fn tables() -> Vec<&'static Kernels> {
+    let mut v = vec![&NEON];
+    if has_dotprod() {
+        v.push(&NEON_DOTPROD);
+    }
+    v
+}
+
+fn has_dotprod() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+/// Every quantized weight type, through the row driver with dot product flavour `D`.
+///
+/// # Safety
+/// The CPU must support `D`'s instructions.
+#[inline(always)]
+unsafe fn quant_rows_with<D: Dot>(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    use neon::quant_rows as run;
+    match ty {
+        GgmlType::Q4_0 => run::<legacy::Q4_0, D>(w, a, n_tok, out),
+        GgmlType::Q4_1 => run::<legacy::Q4_1, D>(w, a, n_tok, out),
+        GgmlType::Q5_0 => run::<legacy::Q5_0, D>(w, a, n_tok, out),
+        GgmlType::Q5_1 => run::<legacy::Q5_1, D>(w, a, n_tok, out),
+        GgmlType::Q8_0 => run::<legacy::Q8_0, D>(w, a, n_tok, out),
+        GgmlType::Q2_K => run::<kquants::Q2K, D>(w, a, n_tok, out),
+        GgmlType::Q3_K => run::<kquants::Q3K, D>(w, a, n_tok, out),
+        GgmlType::Q4_K => run::<kquants::Q4K, D>(w, a, n_tok, out),
+        GgmlType::Q5_K => run::<kquants::Q5K, D>(w, a, n_tok, out),
+        GgmlType::Q6_K => run::<kquants::Q6K, D>(w, a, n_tok, out),
+        // Formats without a NEON kernel (Q8_1/Q8_K as weights): the scalar reference.
+        _ => super::scalar::quant_rows(ty, w, a, n_tok, out),
+    }
+}
+
+fn quant_rows_neon(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    // SAFETY: `Smull` uses only baseline NEON, which every aarch64 CPU has.
+    unsafe { quant_rows_with::<Smull>(ty, w, a, n_tok, out) }
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn quant_rows_sdot(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    quant_rows_with::<Sdot>(ty, w, a, n_tok, out)
+}
+
+fn quant_rows_dotprod(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    if has_dotprod() {
+        // SAFETY: the CPU has FEAT_DotProd (checked just above; the check is a cached load), which is
+        // all `quant_rows_sdot` and the `sdot` instructions inlined into it require.
+        unsafe { quant_rows_sdot(ty, w, a, n_tok, out) }
+    } else {
+        // Only reachable by calling the table directly on a CPU without dotprod: stay correct.
+        quant_rows_neon(ty, w, a, n_tok, out)
+    }
+}
