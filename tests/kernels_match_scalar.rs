@@ -216,6 +216,55 @@ fn quant_rows_match_scalar() {
     }
 }
 
+/// `matmul` (the best table, rows split over rayon tasks) with 1 to 4 threads, odd row counts, one token
+/// (decode) and several (prefill, token-major output), against the scalar row products.
+#[test]
+fn threaded_matmul_matches_scalar() {
+    use deltaq::kernels::{matmul, Weight};
+    let mut rng = Rng(99);
+    for ty in [
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_0,
+        GgmlType::Q5_1,
+    ] {
+        let (rows, n) = (301, 4 * ty.block_size().max(64));
+        let w = weight_rows(ty, rows, n, Fill::Random, &mut rng);
+        let weight = Weight {
+            name: "w",
+            ty,
+            n_in: n,
+            n_out: rows,
+            data: &w,
+        };
+        for n_tok in [1, 7, 70] {
+            let x = activations(n_tok, n, &mut rng);
+            let qa = quantize_acts(ty, &x, n);
+            let mut want = vec![0f32; rows * n_tok]; // [rows × n_tok]
+            (scalar().quant_rows)(ty, &w, &qa, n_tok, &mut want);
+            let mag = magnitudes(ty, &w, &qa, n, rows, n_tok);
+            for threads in 1..=4 {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut got = vec![f32::NAN; n_tok * rows]; // [n_tok × rows]
+                pool.install(|| matmul(&weight, &x, n_tok, &mut got));
+                for r in 0..rows {
+                    for t in 0..n_tok {
+                        let (g, e) = (got[t * rows + r] as f64, want[r * n_tok + t] as f64);
+                        let tol = 1e-5 * mag[r * n_tok + t] + 1e-30;
+                        assert!(
+                            (g - e).abs() <= tol,
+                            "{ty} threads={threads} n_tok={n_tok} row {r} tok {t}: {g} vs {e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Q8_0 weights of −128 against activations of ±127 (the extremes of the sign trick), exactly.
 #[test]
 fn q8_0_extremes_exact() {
