@@ -275,6 +275,9 @@ fn check_model(st: &AppState, f: &Fields<'_>) -> Result<(), ApiError> {
     })
 }
 
+/// Longest stop string (bytes): matching holds back and compares up to this much text per token.
+const MAX_STOP_LEN: usize = 512;
+
 /// Sampling and stopping settings shared by both completion endpoints.
 struct GenSettings {
     params: SamplingParams,
@@ -329,18 +332,28 @@ fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSetting
     }
     let stop = match f.get("stop") {
         None => Vec::new(),
-        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::String(s)) if s.len() <= MAX_STOP_LEN => vec![s.clone()],
         Some(Value::Array(a)) if a.len() <= 16 => {
             let mut out = Vec::new();
             for v in a {
                 match v {
-                    Value::String(s) => out.push(s.clone()),
-                    _ => return Err(f.wrong("stop", "a string or an array of strings")),
+                    Value::String(s) if s.len() <= MAX_STOP_LEN => out.push(s.clone()),
+                    _ => {
+                        return Err(f.wrong(
+                            "stop",
+                            "a string or an array of strings of at most 512 bytes",
+                        ))
+                    }
                 }
             }
             out
         }
-        Some(_) => return Err(f.wrong("stop", "a string or an array of at most 16 strings")),
+        Some(_) => {
+            return Err(f.wrong(
+                "stop",
+                "a string or an array of at most 16 strings of at most 512 bytes",
+            ))
+        }
     };
     let stream = f.bool("stream")?.unwrap_or(false);
     let include_usage = match f.object("stream_options")? {
@@ -506,6 +519,10 @@ pub async fn tokenize(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_auth(&st, &headers)?;
+    blocking(move || tokenize_sync(&st, body)).await
+}
+
+fn tokenize_sync(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let m = parse_body(body)?;
     let f = Fields::new(&m);
     let content = f
@@ -662,9 +679,34 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_auth(&st, &headers)?;
+    let st2 = st.clone();
+    let mut p = blocking(move || prepare_completion(&st2, body)).await?;
+    let rx = submit(&st, &mut p)?;
+    let id = new_id("cmpl");
+    let meta = Meta {
+        id,
+        model: st.model_id.clone(),
+        created: now_secs(),
+    };
+    if p.settings.stream {
+        Ok(sse(completion_stream(
+            rx,
+            meta,
+            p.settings.include_usage,
+            st,
+        )))
+    } else {
+        completion_whole(rx, meta, st).await
+    }
+}
+
+fn prepare_completion(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Prepared, ApiError> {
     let m = parse_body(body)?;
     let f = Fields::new(&m);
-    check_model(&st, &f)?;
+    check_model(st, &f)?;
     let tok = st.engine.tok;
     let bad_prompt = || {
         ApiError::param(
@@ -705,31 +747,14 @@ pub async fn completions(
     let settings = gen_settings(&f, params)?;
     let logprobs = f.uint("logprobs", 20)?.map(|n| n as usize);
     check_context(prompt.len(), st.engine.n_ctx)?;
-    let mut p = Prepared {
+    Ok(Prepared {
         prompt,
         checkpoints: Vec::new(),
         settings,
         logprobs,
         special: false,
         cache_output: true,
-    };
-    let rx = submit(&st, &mut p)?;
-    let id = new_id("cmpl");
-    let meta = Meta {
-        id,
-        model: st.model_id.clone(),
-        created: now_secs(),
-    };
-    if p.settings.stream {
-        Ok(sse(completion_stream(
-            rx,
-            meta,
-            p.settings.include_usage,
-            st,
-        )))
-    } else {
-        completion_whole(rx, meta, st).await
-    }
+    })
 }
 
 struct Meta {
@@ -904,34 +929,35 @@ fn message_value(i: usize, v: &Value) -> Result<JValue, ApiError> {
             ))
         }
     };
-    let content =
-        match f.get("content") {
-            None => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(Value::Array(parts)) => {
-                let mut s = String::new();
-                for (j, part) in parts.iter().enumerate() {
-                    let pp = format!("{p}.content[{j}]");
-                    match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
-                        (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
-                        (Some("image_url" | "image" | "input_audio" | "video"), _) => {
-                            return Err(ApiError::param(
-                                format!("'{pp}': only text content is supported"),
-                                &pp,
-                            ))
-                        }
-                        _ => return Err(ApiError::param(
+    let content = match f.get("content") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let pp = format!("{p}.content[{j}]");
+                match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
+                    (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
+                    (Some("image_url" | "image" | "input_audio" | "video"), _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}': only text content is supported"),
+                            &pp,
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::param(
                             format!(
                                 "'{pp}' must be a text part {{\"type\": \"text\", \"text\": …}}"
                             ),
                             &pp,
-                        )),
+                        ))
                     }
                 }
-                s
             }
-            Some(_) => return Err(f.wrong("content", "a string, an array of text parts or null")),
-        };
+            s
+        }
+        Some(_) => return Err(f.wrong("content", "a string, an array of text parts or null")),
+    };
     let mut out: BTreeMap<String, JValue> = BTreeMap::new();
     out.insert("role".into(), JValue::from(role));
     out.insert("content".into(), JValue::from(content));
@@ -960,12 +986,14 @@ fn message_value(i: usize, v: &Value) -> Result<JValue, ApiError> {
                         Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
                         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
                             Ok(v @ Value::Object(_)) => v,
-                            _ => return Err(ApiError::param(
-                                format!(
+                            _ => {
+                                return Err(ApiError::param(
+                                    format!(
                                     "'{cp}.function.arguments' must be a JSON object (as a string)"
                                 ),
-                                &cp,
-                            )),
+                                    &cp,
+                                ))
+                            }
                         },
                         Some(v @ Value::Object(_)) => v.clone(),
                         Some(_) => {
@@ -1018,9 +1046,51 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     check_auth(&st, &headers)?;
+    let st2 = st.clone();
+    // Rendering and tokenizing a large request takes a while: not on the async workers.
+    let (mut p, started_in_think, use_tools) = blocking(move || prepare_chat(&st2, body)).await?;
+    let rx = submit(&st, &mut p)?;
+    let meta = Meta {
+        id: new_id("chatcmpl"),
+        model: st.model_id.clone(),
+        created: now_secs(),
+    };
+    let split = ChatStream::new(started_in_think, use_tools);
+    if p.settings.stream {
+        Ok(sse(chat_stream(
+            rx,
+            meta,
+            split,
+            p.settings.include_usage,
+            st,
+        )))
+    } else {
+        chat_whole(rx, meta, split, st).await
+    }
+}
+
+/// Runs request preparation on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal error while preparing the request",
+        )
+    })?
+}
+
+/// Validates a chat request and builds its prompt; returns it with whether the prompt ends inside a
+/// think block and whether tool calls are looked for.
+fn prepare_chat(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Prepared, bool, bool), ApiError> {
     let m = parse_body(body)?;
     let f = Fields::new(&m);
-    check_model(&st, &f)?;
+    check_model(st, &f)?;
     let Some(template) = &st.template else {
         return Err(ApiError::invalid(
             "this model has no usable chat template; use /v1/completions",
@@ -1130,7 +1200,7 @@ pub async fn chat_completions(
     }
     // With thinking on, the generation prompt ends inside `<think>`.
     let started_in_think = full.trim_end().ends_with(crate::chat::THINK_OPEN);
-    let mut p = Prepared {
+    let p = Prepared {
         prompt,
         checkpoints,
         settings,
@@ -1138,24 +1208,7 @@ pub async fn chat_completions(
         special: true,
         cache_output: false,
     };
-    let rx = submit(&st, &mut p)?;
-    let meta = Meta {
-        id: new_id("chatcmpl"),
-        model: st.model_id.clone(),
-        created: now_secs(),
-    };
-    let split = ChatStream::new(started_in_think, use_tools);
-    if p.settings.stream {
-        Ok(sse(chat_stream(
-            rx,
-            meta,
-            split,
-            p.settings.include_usage,
-            st,
-        )))
-    } else {
-        chat_whole(rx, meta, split, st).await
-    }
+    Ok((p, started_in_think, use_tools))
 }
 
 async fn chat_whole(
