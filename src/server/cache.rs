@@ -177,3 +177,49 @@ impl PromptCache {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gguf::GgufFile;
+    use crate::model::Model;
+
+    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-Q8_0.gguf");
+
+    #[test]
+    fn longest_prefix_lru_and_byte_bound() {
+        let f: &'static GgufFile = Box::leak(Box::new(GgufFile::open(DEMO).unwrap()));
+        let model: &'static Model<'static> = Box::leak(Box::new(Model::load(f).unwrap()));
+        let snap = |tokens: &[u32]| {
+            let mut s = Session::new(model, Some(64));
+            s.feed(tokens).unwrap();
+            Arc::new(s)
+        };
+        let (a, ab, c) = (vec![1, 2, 3], vec![1, 2, 3, 4, 5], vec![7, 8, 9]);
+        let one = PromptCache::entry_bytes(&a, &snap(&a), None);
+        // Room for two three-token snapshots (the five-token one is a little larger).
+        let mut cache = PromptCache::new(2 * one + one / 2);
+        cache.insert(&a, snap(&a), None);
+        cache.insert(&ab, snap(&ab), None);
+        assert_eq!(cache.stats().entries, 2);
+        // The longest prefix wins; a prompt equal to a snapshot without logits is not served by it.
+        assert_eq!(cache.lookup(&[1, 2, 3, 4, 5, 6]).unwrap().len, 5);
+        assert_eq!(cache.lookup(&[1, 2, 3, 4, 5]).unwrap().len, 3);
+        assert!(cache.lookup(&[1, 2]).is_none());
+        // `a` was used last: inserting `c` evicts `ab`.
+        cache.insert(&c, snap(&c), None);
+        let st = cache.stats();
+        assert_eq!((st.entries, st.evictions), (2, 1));
+        assert!(st.bytes <= st.capacity_bytes);
+        assert_eq!(cache.lookup(&[1, 2, 3, 4, 5, 6]).unwrap().len, 3);
+        // Logits make an exact match usable.
+        cache.touch(&c, Some(&vec![0.0; 4]));
+        assert_eq!(cache.lookup(&c).unwrap().len, 3);
+        // A snapshot larger than the whole capacity is not stored.
+        let mut small = PromptCache::new(one / 2);
+        small.insert(&a, snap(&a), None);
+        assert_eq!(small.stats().entries, 0);
+        let st = cache.stats();
+        assert_eq!((st.hits, st.misses), (4, 1));
+    }
+}
