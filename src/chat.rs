@@ -168,12 +168,20 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         opts: &ChatOptions,
     ) -> Result<String, ChatError> {
+        let values = messages.iter().map(|m| m.to_value()).collect::<Vec<_>>();
+        self.render_values(values, opts)
+    }
+
+    /// Renders a conversation whose messages are given as template values (e.g. built from an API
+    /// request's JSON, with `tool_calls` or content parts that [`ChatMessage`] does not model).
+    pub fn render_values(
+        &self,
+        messages: Vec<Value>,
+        opts: &ChatOptions,
+    ) -> Result<String, ChatError> {
         let tmpl = self.env.get_template(TEMPLATE_NAME)?;
         let mut ctx: BTreeMap<String, Value> = BTreeMap::new();
-        ctx.insert(
-            "messages".into(),
-            Value::from(messages.iter().map(|m| m.to_value()).collect::<Vec<_>>()),
-        );
+        ctx.insert("messages".into(), Value::from(messages));
         ctx.insert(
             "add_generation_prompt".into(),
             Value::from(opts.add_generation_prompt),

@@ -11,4 +11,5 @@ pub mod perplexity;
 pub mod quant;
 pub mod quantize;
 pub mod sampling;
+pub mod server;
 pub mod tokenizer;

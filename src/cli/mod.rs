@@ -6,6 +6,7 @@ mod inspect;
 mod perplexity;
 mod quantize;
 mod run;
+mod serve;
 mod tensor;
 mod tokenize;
 
@@ -37,6 +38,8 @@ enum Command {
     /// Perplexity of GGUF files on a text (like llama-perplexity), KL divergence between them, a table
     /// and a plot; --quantize-from makes the quantized variants first
     Perplexity(perplexity::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, prompt cache)
+    Serve(serve::Args),
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -49,5 +52,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Serve(a) => serve::run(a),
     }
 }

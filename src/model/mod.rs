@@ -107,6 +107,19 @@ impl<'m> Session<'m> {
         self.n_ctx
     }
 
+    /// Bytes held by the state (KV cache, conv and recurrent states): what a snapshot costs.
+    pub fn state_bytes(&self) -> usize {
+        let floats: usize = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Attention(kv) => kv.k.len() + kv.v.len(),
+                LayerState::DeltaNet(ds) => ds.conv.len() + ds.s.len(),
+            })
+            .sum();
+        floats * std::mem::size_of::<f32>()
+    }
+
     /// Feeds `tokens` (the continuation of the sequence) and returns logits for each: `[T × n_vocab]`.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run(tokens, Logits::All, &mut |_, _, _| {})

@@ -1,0 +1,1435 @@
+//! The HTTP handlers: request validation (every error in the OpenAI shape, nothing from a request is
+//! unwrapped), prompt building, and the responses, streamed as server-sent events or whole.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use minijinja::value::Value as JValue;
+use serde_json::{json, Map, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use super::engine::{Done, Event, Finish, Job, TokenLogprob};
+use super::text::{tool_call_json, ChatStream, Delta};
+use super::AppState;
+use crate::chat::ChatOptions;
+use crate::sampling::SamplingParams;
+
+type St = State<Arc<AppState>>;
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+/// An error response: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<String>,
+    code: Option<&'static str>,
+    retry_after: Option<u32>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    fn param(message: impl Into<String>, param: &str) -> ApiError {
+        let mut e = ApiError::invalid(message);
+        e.param = Some(param.to_string());
+        e
+    }
+
+    fn code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, json_body(&self.body())).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+fn json_body(v: &Value) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint").code("not_found")
+}
+
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        "method not allowed on this endpoint",
+    )
+    .code("method_not_allowed")
+}
+
+fn busy() -> ApiError {
+    let mut e = ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_busy",
+        "all sessions are busy and the queue is full; retry later",
+    )
+    .code("queue_full");
+    e.retry_after = Some(1);
+    e
+}
+
+// ---------------------------------------------------------------------------------------------
+// Request plumbing
+
+/// Constant-time comparison (the time depends on the lengths only).
+fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    let n = a.len().max(b.len());
+    for i in 0..n {
+        let x = a.get(i).copied().unwrap_or(0);
+        let y = b.get(i).copied().unwrap_or(0);
+        diff |= (x ^ y) as u64;
+    }
+    std::hint::black_box(diff) == 0
+}
+
+fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &st.api_key else {
+        return Ok(());
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+        .unwrap_or("");
+    if ct_eq(given.trim().as_bytes(), key.as_bytes()) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid or missing API key (Authorization: Bearer KEY)",
+        )
+        .code("invalid_api_key"))
+    }
+}
+
+/// The body as a JSON object (413 past the size limit, 400 for anything but a JSON object).
+fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>, ApiError> {
+    let bytes = body.map_err(|r| {
+        let status = r.status();
+        let msg = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "request body too large".to_string()
+        } else {
+            format!("cannot read the request body: {}", r.body_text())
+        };
+        ApiError::new(status, "invalid_request_error", msg).code(
+            if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "request_too_large"
+            } else {
+                "invalid_body"
+            },
+        )
+    })?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::invalid(format!("the request body is not valid JSON: {e}")).code("invalid_json")
+    })?;
+    match v {
+        Value::Object(m) => Ok(m),
+        _ => Err(ApiError::invalid("the request body must be a JSON object").code("invalid_json")),
+    }
+}
+
+/// Typed access to a request object's fields; wrong types are 400s naming the field.
+struct Fields<'a> {
+    m: &'a Map<String, Value>,
+    prefix: &'a str,
+}
+
+impl<'a> Fields<'a> {
+    fn new(m: &'a Map<String, Value>) -> Fields<'a> {
+        Fields { m, prefix: "" }
+    }
+
+    fn name(&self, key: &str) -> String {
+        format!("{}{key}", self.prefix)
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.m.get(key).filter(|v| !v.is_null())
+    }
+
+    fn wrong(&self, key: &str, what: &str) -> ApiError {
+        ApiError::param(
+            format!("'{}' must be {what}", self.name(key)),
+            &self.name(key),
+        )
+    }
+
+    fn f32_in(&self, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x >= lo as f64 && x <= hi as f64 => Ok(Some(x as f32)),
+                _ => Err(self.wrong(key, &format!("a number between {lo} and {hi}"))),
+            },
+        }
+    }
+
+    fn uint(&self, key: &str, max: u64) -> Result<Option<u64>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(x) if x <= max => Ok(Some(x)),
+                _ => Err(self.wrong(key, &format!("an integer between 0 and {max}"))),
+            },
+        }
+    }
+
+    fn bool(&self, key: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(self.wrong(key, "a boolean")),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(self.wrong(key, "a string")),
+        }
+    }
+
+    fn object(&self, key: &str) -> Result<Option<&'a Map<String, Value>>, ApiError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(Value::Object(o)) => Ok(Some(o)),
+            Some(_) => Err(self.wrong(key, "an object")),
+        }
+    }
+}
+
+fn check_model(st: &AppState, f: &Fields<'_>) -> Result<(), ApiError> {
+    match f.str("model")? {
+        None => Ok(()),
+        Some(m) if m == st.model_id || m.is_empty() => Ok(()),
+        Some(m) => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            format!(
+                "the model '{m}' does not exist; this server serves '{}'",
+                st.model_id
+            ),
+        )
+        .code("model_not_found")),
+    }
+    .map_err(|mut e| {
+        e.param = Some("model".into());
+        e
+    })
+}
+
+/// Longest stop string (bytes): matching holds back and compares up to this much text per token.
+const MAX_STOP_LEN: usize = 512;
+
+/// Sampling and stopping settings shared by both completion endpoints.
+struct GenSettings {
+    params: SamplingParams,
+    max_tokens: Option<usize>,
+    stop: Vec<String>,
+    stream: bool,
+    include_usage: bool,
+    ignore_eos: bool,
+}
+
+fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSettings, ApiError> {
+    if let Some(t) = f.f32_in("temperature", 0.0, 2.0)? {
+        params.temperature = t;
+    }
+    if let Some(p) = f.f32_in("top_p", 0.0, 1.0)? {
+        params.top_p = p;
+    }
+    if let Some(k) = f.uint("top_k", u32::MAX as u64)? {
+        params.top_k = k as usize;
+    }
+    if let Some(p) = f.f32_in("min_p", 0.0, 1.0)? {
+        params.min_p = p;
+    }
+    if let Some(p) = f.f32_in("presence_penalty", -2.0, 2.0)? {
+        params.presence_penalty = p;
+    }
+    if let Some(p) = f.f32_in("frequency_penalty", -2.0, 2.0)? {
+        params.frequency_penalty = p;
+    }
+    if let Some(p) = f.f32_in("repeat_penalty", 0.0, 10.0)? {
+        params.repeat_penalty = p;
+    }
+    if let Some(n) = f.uint("repeat_last_n", 1 << 20)? {
+        params.penalty_last_n = n as usize;
+    }
+    params.seed = match f.get("seed") {
+        None => None,
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => Some(u),
+            (None, Some(i)) => Some(i as u64),
+            _ => return Err(f.wrong("seed", "an integer")),
+        },
+    };
+    let max_tokens = match f.uint("max_completion_tokens", 1 << 30)? {
+        Some(n) => Some(n as usize),
+        None => f.uint("max_tokens", 1 << 30)?.map(|n| n as usize),
+    };
+    if let Some(n) = f.uint("n", 1 << 30)? {
+        if n != 1 {
+            return Err(f.wrong("n", "1 (one choice per request is supported)"));
+        }
+    }
+    let stop = match f.get("stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) if s.len() <= MAX_STOP_LEN => vec![s.clone()],
+        Some(Value::Array(a)) if a.len() <= 16 => {
+            let mut out = Vec::new();
+            for v in a {
+                match v {
+                    Value::String(s) if s.len() <= MAX_STOP_LEN => out.push(s.clone()),
+                    _ => {
+                        return Err(f.wrong(
+                            "stop",
+                            "a string or an array of strings of at most 512 bytes",
+                        ))
+                    }
+                }
+            }
+            out
+        }
+        Some(_) => {
+            return Err(f.wrong(
+                "stop",
+                "a string or an array of at most 16 strings of at most 512 bytes",
+            ))
+        }
+    };
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => Fields {
+            m: o,
+            prefix: "stream_options.",
+        }
+        .bool("include_usage")?
+        .unwrap_or(false),
+        None => false,
+    };
+    Ok(GenSettings {
+        params,
+        max_tokens,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+    })
+}
+
+fn check_context(n_prompt: usize, n_ctx: usize) -> Result<(), ApiError> {
+    if n_prompt == 0 {
+        return Err(ApiError::param("the prompt is empty", "prompt").code("empty_prompt"));
+    }
+    if n_prompt > n_ctx {
+        return Err(ApiError::invalid(format!(
+            "the prompt has {n_prompt} tokens, more than the context size of {n_ctx} tokens"
+        ))
+        .code("context_length_exceeded"));
+    }
+    Ok(())
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn new_id(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{:x}{:08x}{:04x}",
+        now_secs(),
+        nanos,
+        N.fetch_add(1, Ordering::Relaxed) & 0xffff
+    )
+}
+
+/// serde_json → template value.
+fn to_jinja(v: &Value) -> JValue {
+    match v {
+        Value::Null => JValue::from(()),
+        Value::Bool(b) => JValue::from(*b),
+        Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => JValue::from(i),
+            (None, Some(u), _) => JValue::from(u),
+            (_, _, Some(f)) => JValue::from(f),
+            _ => JValue::from(()),
+        },
+        Value::String(s) => JValue::from(s.as_str()),
+        Value::Array(a) => JValue::from(a.iter().map(to_jinja).collect::<Vec<_>>()),
+        Value::Object(o) => JValue::from(
+            o.iter()
+                .map(|(k, v)| (k.clone(), to_jinja(v)))
+                .collect::<BTreeMap<_, _>>(),
+        ),
+    }
+}
+
+fn usage_json(d: &Done) -> Value {
+    json!({
+        "prompt_tokens": d.prompt_tokens,
+        "completion_tokens": d.completion_tokens,
+        "total_tokens": d.prompt_tokens + d.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": d.cached_tokens},
+    })
+}
+
+fn timings_json(d: &Done) -> Value {
+    json!({
+        "cached_n": d.cached_tokens,
+        "prompt_n": d.prompt_tokens - d.cached_tokens,
+        "prompt_ms": d.prompt_ms,
+        "predicted_n": d.completion_tokens,
+        "predicted_ms": d.gen_ms,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simple endpoints
+
+pub async fn health(State(st): St) -> Response {
+    let e = &st.engine;
+    let c = &e.counters;
+    let cache = e.cache_stats();
+    let stopping = e.stopping.load(Ordering::Relaxed);
+    let body = json!({
+        "status": if stopping { "stopping" } else { "ok" },
+        "model": st.model_id,
+        "n_ctx": e.n_ctx,
+        "uptime_s": st.started.elapsed().as_secs(),
+        "slots": {"total": e.parallel, "busy": c.busy.load(Ordering::SeqCst)},
+        "queue": {"capacity": e.queue_capacity, "waiting": c.waiting.load(Ordering::SeqCst)},
+        "requests": {
+            "completed": c.completed.load(Ordering::Relaxed),
+            "cancelled": c.cancelled.load(Ordering::Relaxed),
+            "rejected": c.rejected.load(Ordering::Relaxed),
+            "failed": c.failed.load(Ordering::Relaxed),
+        },
+        "tokens": {
+            "prompt_processed": c.prompt_tokens_processed.load(Ordering::Relaxed),
+            "prompt_cached": c.prompt_tokens_cached.load(Ordering::Relaxed),
+            "generated": c.generated_tokens.load(Ordering::Relaxed),
+        },
+        "cache": {
+            "entries": cache.entries,
+            "bytes": cache.bytes,
+            "capacity_bytes": cache.capacity_bytes,
+            "hits": cache.hits,
+            "misses": cache.misses,
+            "hit_tokens": cache.hit_tokens,
+            "evictions": cache.evictions,
+        },
+    });
+    let status = if stopping {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    (status, json_body(&body)).into_response()
+}
+
+pub async fn models(State(st): St, headers: HeaderMap) -> Result<Response, ApiError> {
+    check_auth(&st, &headers)?;
+    let e = &st.engine;
+    Ok(json_body(&json!({
+        "object": "list",
+        "data": [{
+            "id": st.model_id,
+            "object": "model",
+            "created": st.created,
+            "owned_by": "deltaq",
+            "meta": {
+                "n_ctx": e.n_ctx,
+                "n_ctx_train": e.model.hp.n_ctx_train,
+                "n_vocab": e.model.n_vocab(),
+                "n_embd": e.model.hp.n_embd,
+            },
+        }],
+    })))
+}
+
+pub async fn tokenize(
+    State(st): St,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&st, &headers)?;
+    blocking(move || tokenize_sync(&st, body)).await
+}
+
+fn tokenize_sync(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let m = parse_body(body)?;
+    let f = Fields::new(&m);
+    let content = f
+        .str("content")?
+        .ok_or_else(|| ApiError::param("'content' (a string) is required", "content"))?;
+    let add_special = f.bool("add_special")?.unwrap_or(false);
+    let parse_special = f.bool("parse_special")?.unwrap_or(true);
+    let with_pieces = f.bool("with_pieces")?.unwrap_or(false);
+    let tok = st.engine.tok;
+    let ids = tok
+        .encode_with(content, add_special, parse_special)
+        .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))?;
+    let tokens: Vec<Value> = if with_pieces {
+        ids.iter()
+            .map(|&id| {
+                let piece = tok.token_to_piece(id, true);
+                let p = match std::str::from_utf8(piece) {
+                    Ok(s) => json!(s),
+                    Err(_) => json!(piece),
+                };
+                json!({"id": id, "piece": p})
+            })
+            .collect()
+    } else {
+        ids.iter().map(|&id| json!(id)).collect()
+    };
+    Ok(json_body(&json!({ "tokens": tokens })))
+}
+
+pub async fn detokenize(
+    State(st): St,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&st, &headers)?;
+    let m = parse_body(body)?;
+    let f = Fields::new(&m);
+    let n_vocab = st.engine.tok.n_vocab();
+    let ids: Vec<u32> = match f.get("tokens") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .filter(|&x| x < n_vocab as u64)
+                    .map(|x| x as u32)
+                    .ok_or_else(|| {
+                        ApiError::param(
+                            format!("'tokens' must hold token ids below {n_vocab}"),
+                            "tokens",
+                        )
+                    })
+            })
+            .collect::<Result<_, _>>()?,
+        _ => {
+            return Err(ApiError::param(
+                "'tokens' (an array of ids) is required",
+                "tokens",
+            ))
+        }
+    };
+    let content = st.engine.tok.decode(&ids, true);
+    Ok(json_body(&json!({ "content": content })))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Completions
+
+/// A prepared generation: the job (without its channel) and what the response needs.
+struct Prepared {
+    prompt: Vec<u32>,
+    checkpoints: Vec<usize>,
+    settings: GenSettings,
+    logprobs: Option<usize>,
+    special: bool,
+    cache_output: bool,
+}
+
+fn submit(st: &AppState, p: &mut Prepared) -> Result<UnboundedReceiver<Event>, ApiError> {
+    if st.engine.stopping.load(Ordering::Relaxed) {
+        return Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "the server is shutting down",
+        )
+        .code("shutting_down"));
+    }
+    let (tx, rx) = unbounded_channel();
+    let job = Job {
+        prompt: std::mem::take(&mut p.prompt),
+        checkpoints: std::mem::take(&mut p.checkpoints),
+        params: p.settings.params.clone(),
+        max_tokens: p.settings.max_tokens,
+        stop: p.settings.stop.clone(),
+        special: p.special,
+        logprobs: p.logprobs,
+        ignore_eos: p.settings.ignore_eos,
+        cache_output: p.cache_output,
+        tx,
+    };
+    st.engine.submit(job).map_err(|_| busy())?;
+    Ok(rx)
+}
+
+fn generation_failed(msg: String) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "server_error",
+        format!("generation failed: {msg}"),
+    )
+}
+
+fn cancelled_error() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        "the request was cancelled: the server is shutting down",
+    )
+    .code("shutting_down")
+}
+
+fn sse(stream: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
+    use futures_util::StreamExt;
+    let body = Body::from_stream(stream.map(|s| Ok::<_, Infallible>(Bytes::from(s))));
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn sse_event(v: &Value) -> String {
+    format!("data: {v}\n\n")
+}
+
+const SSE_DONE: &str = "data: [DONE]\n\n";
+
+fn finish_reason(f: Finish, tool_calls: bool) -> &'static str {
+    match (f, tool_calls) {
+        (_, true) => "tool_calls",
+        (Finish::Length, _) => "length",
+        _ => "stop",
+    }
+}
+
+pub async fn completions(
+    State(st): St,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&st, &headers)?;
+    let st2 = st.clone();
+    let mut p = blocking(move || prepare_completion(&st2, body)).await?;
+    let rx = submit(&st, &mut p)?;
+    let id = new_id("cmpl");
+    let meta = Meta {
+        id,
+        model: st.model_id.clone(),
+        created: now_secs(),
+    };
+    if p.settings.stream {
+        Ok(sse(completion_stream(
+            rx,
+            meta,
+            p.settings.include_usage,
+            st,
+        )))
+    } else {
+        completion_whole(rx, meta, st).await
+    }
+}
+
+fn prepare_completion(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Prepared, ApiError> {
+    let m = parse_body(body)?;
+    let f = Fields::new(&m);
+    check_model(st, &f)?;
+    let tok = st.engine.tok;
+    let bad_prompt = || {
+        ApiError::param(
+            "'prompt' must be a string, an array of one string, or an array of token ids",
+            "prompt",
+        )
+    };
+    let prompt: Vec<u32> = match f.get("prompt") {
+        Some(Value::String(s)) => tok
+            .encode(s, true)
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))?,
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => tok
+            .encode(a[0].as_str().unwrap_or_default(), true)
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))?,
+        Some(Value::Array(a)) if a.iter().all(|v| v.is_u64()) => {
+            let n_vocab = tok.n_vocab() as u64;
+            a.iter()
+                .map(|v| {
+                    v.as_u64()
+                        .filter(|&x| x < n_vocab)
+                        .map(|x| x as u32)
+                        .ok_or_else(bad_prompt)
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => return Err(ApiError::param("'prompt' is required", "prompt")),
+        Some(_) => return Err(bad_prompt()),
+    };
+    if f.get("suffix").is_some() {
+        return Err(ApiError::param("'suffix' is not supported", "suffix"));
+    }
+    if f.bool("echo")?.unwrap_or(false) {
+        return Err(ApiError::param("'echo' is not supported", "echo"));
+    }
+    let mut params = SamplingParams::qwen35(true);
+    // Continuing text: the chat defaults' presence penalty is meant for instruct use.
+    params.presence_penalty = 0.0;
+    let settings = gen_settings(&f, params)?;
+    let logprobs = f.uint("logprobs", 20)?.map(|n| n as usize);
+    check_context(prompt.len(), st.engine.n_ctx)?;
+    Ok(Prepared {
+        prompt,
+        checkpoints: Vec::new(),
+        settings,
+        logprobs,
+        special: false,
+        cache_output: true,
+    })
+}
+
+struct Meta {
+    id: String,
+    model: String,
+    created: u64,
+}
+
+fn completion_logprobs(st: &AppState, lps: &[TokenLogprob], offset: &mut usize) -> Value {
+    let tok = st.engine.tok;
+    let piece = |id: u32| String::from_utf8_lossy(tok.token_to_piece(id, false)).into_owned();
+    let mut tokens = Vec::new();
+    let mut token_logprobs = Vec::new();
+    let mut top = Vec::new();
+    let mut offsets = Vec::new();
+    for lp in lps {
+        let t = piece(lp.id);
+        offsets.push(*offset);
+        *offset += t.len();
+        tokens.push(json!(t));
+        token_logprobs.push(json!(lp.logprob));
+        let mut m = Map::new();
+        for &(i, l) in &lp.top {
+            m.insert(piece(i), json!(l));
+        }
+        top.push(Value::Object(m));
+    }
+    json!({"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+async fn completion_whole(
+    mut rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    st: Arc<AppState>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut lps = Vec::new();
+    let done = loop {
+        match rx.recv().await {
+            Some(Event::Text { text: t, logprobs }) => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Some(Event::Done(d)) => break d,
+            Some(Event::Error(e)) => return Err(generation_failed(e)),
+            None => return Err(generation_failed("the generation ended early".into())),
+        }
+    };
+    if done.finish == Finish::Cancelled {
+        return Err(cancelled_error());
+    }
+    let mut offset = 0;
+    let logprobs = if lps.is_empty() {
+        Value::Null
+    } else {
+        completion_logprobs(&st, &lps, &mut offset)
+    };
+    Ok(json_body(&json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(done.finish, false),
+        }],
+        "usage": usage_json(&done),
+        "timings": timings_json(&done),
+    })))
+}
+
+fn completion_stream(
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    include_usage: bool,
+    st: Arc<AppState>,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    struct S {
+        rx: UnboundedReceiver<Event>,
+        meta: Meta,
+        include_usage: bool,
+        st: Arc<AppState>,
+        offset: usize,
+        ended: bool,
+    }
+    let s = S {
+        rx,
+        meta,
+        include_usage,
+        st,
+        offset: 0,
+        ended: false,
+    };
+    futures_util::stream::unfold(s, |mut s| async move {
+        if s.ended {
+            return None;
+        }
+        let chunk = |s: &S, text: &str, logprobs: Value, finish: Value| {
+            json!({
+                "id": s.meta.id,
+                "object": "text_completion",
+                "created": s.meta.created,
+                "model": s.meta.model,
+                "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish}],
+            })
+        };
+        let out = match s.rx.recv().await {
+            Some(Event::Text { text, logprobs }) => {
+                let lp = if logprobs.is_empty() {
+                    Value::Null
+                } else {
+                    completion_logprobs(&s.st, &logprobs, &mut s.offset)
+                };
+                sse_event(&chunk(&s, &text, lp, Value::Null))
+            }
+            Some(Event::Done(d)) => {
+                s.ended = true;
+                if d.finish == Finish::Cancelled {
+                    sse_event(&cancelled_error().body()) + SSE_DONE
+                } else {
+                    let mut c = chunk(&s, "", Value::Null, json!(finish_reason(d.finish, false)));
+                    c["usage"] = usage_json(&d);
+                    c["timings"] = timings_json(&d);
+                    let mut out = sse_event(&c);
+                    if s.include_usage {
+                        let mut u = chunk(&s, "", Value::Null, Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage_json(&d);
+                        out += &sse_event(&u);
+                    }
+                    out + SSE_DONE
+                }
+            }
+            Some(Event::Error(e)) => {
+                s.ended = true;
+                sse_event(&generation_failed(e).body()) + SSE_DONE
+            }
+            None => {
+                s.ended = true;
+                sse_event(&generation_failed("the generation ended early".into()).body()) + SSE_DONE
+            }
+        };
+        Some((out, s))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Chat completions
+
+/// Validates one message and converts it to a template value.
+fn message_value(i: usize, v: &Value) -> Result<JValue, ApiError> {
+    let p = format!("messages[{i}]");
+    let Value::Object(m) = v else {
+        return Err(ApiError::param(format!("'{p}' must be an object"), &p));
+    };
+    let prefix = format!("{p}.");
+    let f = Fields { m, prefix: &prefix };
+    let role = f
+        .str("role")?
+        .ok_or_else(|| ApiError::param(format!("'{p}.role' is required"), &format!("{p}.role")))?;
+    let role = match role {
+        "developer" => "system",
+        r @ ("system" | "user" | "assistant" | "tool") => r,
+        other => {
+            return Err(ApiError::param(
+                format!(
+                    "'{p}.role' must be system, developer, user, assistant or tool, not '{other}'"
+                ),
+                &format!("{p}.role"),
+            ))
+        }
+    };
+    let content = match f.get("content") {
+        None => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut s = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let pp = format!("{p}.content[{j}]");
+                match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
+                    (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
+                    (Some("image_url" | "image" | "input_audio" | "video"), _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}': only text content is supported"),
+                            &pp,
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::param(
+                            format!(
+                                "'{pp}' must be a text part {{\"type\": \"text\", \"text\": …}}"
+                            ),
+                            &pp,
+                        ))
+                    }
+                }
+            }
+            s
+        }
+        Some(_) => return Err(f.wrong("content", "a string, an array of text parts or null")),
+    };
+    let mut out: BTreeMap<String, JValue> = BTreeMap::new();
+    out.insert("role".into(), JValue::from(role));
+    out.insert("content".into(), JValue::from(content));
+    if role == "assistant" {
+        if let Some(r) = f.str("reasoning_content")? {
+            out.insert("reasoning_content".into(), JValue::from(r));
+        }
+        match f.get("tool_calls") {
+            None => {}
+            Some(Value::Array(calls)) => {
+                let mut vals = Vec::new();
+                for (j, c) in calls.iter().enumerate() {
+                    let cp = format!("{p}.tool_calls[{j}]");
+                    let func = c
+                        .get("function")
+                        .and_then(|x| x.as_object())
+                        .ok_or_else(|| {
+                            ApiError::param(format!("'{cp}.function' must be an object"), &cp)
+                        })?;
+                    let name = func.get("name").and_then(|x| x.as_str()).ok_or_else(|| {
+                        ApiError::param(format!("'{cp}.function.name' must be a string"), &cp)
+                    })?;
+                    // The template iterates over the arguments as a mapping; the API sends a JSON string.
+                    let args = match func.get("arguments") {
+                        None | Some(Value::Null) => Value::Object(Map::new()),
+                        Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+                        Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
+                            Ok(v @ Value::Object(_)) => v,
+                            _ => {
+                                return Err(ApiError::param(
+                                    format!(
+                                    "'{cp}.function.arguments' must be a JSON object (as a string)"
+                                ),
+                                    &cp,
+                                ))
+                            }
+                        },
+                        Some(v @ Value::Object(_)) => v.clone(),
+                        Some(_) => {
+                            return Err(ApiError::param(
+                                format!("'{cp}.function.arguments' must be a JSON object string"),
+                                &cp,
+                            ))
+                        }
+                    };
+                    vals.push(to_jinja(&json!({
+                        "type": "function",
+                        "function": {"name": name, "arguments": args},
+                    })));
+                }
+                out.insert("tool_calls".into(), JValue::from(vals));
+            }
+            Some(_) => return Err(f.wrong("tool_calls", "an array")),
+        }
+    }
+    if role == "tool" {
+        if let Some(id) = f.str("tool_call_id")? {
+            out.insert("tool_call_id".into(), JValue::from(id));
+        }
+    }
+    Ok(JValue::from(out))
+}
+
+fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> Vec<Value> {
+    let tok = st.engine.tok;
+    let entry = |id: u32, lp: f32| {
+        let bytes = tok.token_to_piece(id, true);
+        json!({
+            "token": String::from_utf8_lossy(bytes),
+            "logprob": lp,
+            "bytes": bytes,
+        })
+    };
+    lps.iter()
+        .map(|lp| {
+            let mut e = entry(lp.id, lp.logprob);
+            e["top_logprobs"] = Value::Array(lp.top.iter().map(|&(i, l)| entry(i, l)).collect());
+            e
+        })
+        .collect()
+}
+
+pub async fn chat_completions(
+    State(st): St,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    check_auth(&st, &headers)?;
+    let st2 = st.clone();
+    // Rendering and tokenizing a large request takes a while: not on the async workers.
+    let (mut p, started_in_think, use_tools) = blocking(move || prepare_chat(&st2, body)).await?;
+    let rx = submit(&st, &mut p)?;
+    let meta = Meta {
+        id: new_id("chatcmpl"),
+        model: st.model_id.clone(),
+        created: now_secs(),
+    };
+    let split = ChatStream::new(started_in_think, use_tools);
+    if p.settings.stream {
+        Ok(sse(chat_stream(
+            rx,
+            meta,
+            split,
+            p.settings.include_usage,
+            st,
+        )))
+    } else {
+        chat_whole(rx, meta, split, st).await
+    }
+}
+
+/// Runs request preparation on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            "internal error while preparing the request",
+        )
+    })?
+}
+
+/// Validates a chat request and builds its prompt; returns it with whether the prompt ends inside a
+/// think block and whether tool calls are looked for.
+fn prepare_chat(
+    st: &AppState,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(Prepared, bool, bool), ApiError> {
+    let m = parse_body(body)?;
+    let f = Fields::new(&m);
+    check_model(st, &f)?;
+    let Some(template) = &st.template else {
+        return Err(ApiError::invalid(
+            "this model has no usable chat template; use /v1/completions",
+        ));
+    };
+    let messages = match f.get("messages") {
+        Some(Value::Array(a)) if !a.is_empty() => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| message_value(i, v))
+            .collect::<Result<Vec<_>, _>>()?,
+        Some(Value::Array(_)) => {
+            return Err(ApiError::param("'messages' must not be empty", "messages"))
+        }
+        None => return Err(ApiError::param("'messages' is required", "messages")),
+        Some(_) => return Err(f.wrong("messages", "an array of messages")),
+    };
+    let mut extra: Vec<(String, JValue)> = Vec::new();
+    let mut thinking = st.default_thinking;
+    if let Some(kw) = f.object("chat_template_kwargs")? {
+        for (k, v) in kw {
+            if k == "enable_thinking" {
+                match v {
+                    Value::Bool(b) => thinking = *b,
+                    _ => {
+                        return Err(ApiError::param(
+                            "'chat_template_kwargs.enable_thinking' must be a boolean",
+                            "chat_template_kwargs.enable_thinking",
+                        ))
+                    }
+                }
+            } else if k != "messages" && k != "add_generation_prompt" {
+                extra.push((k.clone(), to_jinja(v)));
+            }
+        }
+    }
+    if let Some(b) = f.bool("enable_thinking")? {
+        thinking = b;
+    }
+    let tools = match f.get("tools") {
+        None => None,
+        Some(Value::Array(a)) => {
+            for (i, t) in a.iter().enumerate() {
+                let ok = t
+                    .get("function")
+                    .and_then(|x| x.get("name"))
+                    .is_some_and(|n| n.is_string());
+                if !ok {
+                    return Err(ApiError::param(
+                        format!("'tools[{i}]' must be {{\"type\": \"function\", \"function\": {{\"name\": …}}}}"),
+                        &format!("tools[{i}]"),
+                    ));
+                }
+            }
+            if a.is_empty() {
+                None
+            } else {
+                Some(a)
+            }
+        }
+        Some(_) => return Err(f.wrong("tools", "an array of tools")),
+    };
+    let tool_choice_none = matches!(f.get("tool_choice"), Some(Value::String(s)) if s == "none");
+    let use_tools = tools.is_some() && !tool_choice_none;
+    if let Some(t) = tools.filter(|_| use_tools) {
+        extra.push(("tools".into(), to_jinja(&Value::Array(t.clone()))));
+    }
+    let settings = gen_settings(&f, SamplingParams::qwen35(thinking))?;
+    let logprobs = if f.bool("logprobs")?.unwrap_or(false) {
+        Some(f.uint("top_logprobs", 20)?.unwrap_or(0) as usize)
+    } else {
+        None
+    };
+
+    let hist_opts = ChatOptions {
+        add_generation_prompt: false,
+        enable_thinking: Some(thinking),
+        extra,
+    };
+    let full_opts = ChatOptions {
+        add_generation_prompt: true,
+        ..hist_opts.clone()
+    };
+    let template_err = |e: crate::chat::ChatError| {
+        ApiError::param(format!("cannot render the conversation: {e}"), "messages")
+    };
+    let full = template
+        .render_values(messages.clone(), &full_opts)
+        .map_err(template_err)?;
+    let tok = st.engine.tok;
+    let encode = |s: &str| {
+        tok.encode(s, true)
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))
+    };
+    let prompt = encode(&full)?;
+    check_context(prompt.len(), st.engine.n_ctx)?;
+    // The end of the history (before the generation prompt) is where the next turn of this
+    // conversation will resume: snapshot it there.
+    let mut checkpoints = Vec::new();
+    if let Ok(hist) = template.render_values(messages, &hist_opts) {
+        if full.starts_with(&hist) && !hist.is_empty() {
+            let h = encode(&hist)?;
+            if prompt.starts_with(&h) {
+                checkpoints.push(h.len());
+            }
+        }
+    }
+    // With thinking on, the generation prompt ends inside `<think>`.
+    let started_in_think = full.trim_end().ends_with(crate::chat::THINK_OPEN);
+    let p = Prepared {
+        prompt,
+        checkpoints,
+        settings,
+        logprobs,
+        special: true,
+        cache_output: false,
+    };
+    Ok((p, started_in_think, use_tools))
+}
+
+async fn chat_whole(
+    mut rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    mut split: ChatStream,
+    st: Arc<AppState>,
+) -> Result<Response, ApiError> {
+    let mut content = String::new();
+    let mut reasoning = String::new();
+    let mut lps = Vec::new();
+    let mut take = |ds: Vec<Delta>| {
+        for d in ds {
+            match d {
+                Delta::Content(t) => content.push_str(&t),
+                Delta::Reasoning(t) => reasoning.push_str(&t),
+            }
+        }
+    };
+    let done = loop {
+        match rx.recv().await {
+            Some(Event::Text { text, logprobs }) => {
+                take(split.push(&text));
+                lps.extend(logprobs);
+            }
+            Some(Event::Done(d)) => break d,
+            Some(Event::Error(e)) => return Err(generation_failed(e)),
+            None => return Err(generation_failed("the generation ended early".into())),
+        }
+    };
+    if done.finish == Finish::Cancelled {
+        return Err(cancelled_error());
+    }
+    let (rest, calls) = split.finish();
+    take(rest);
+    let mut message = json!({"role": "assistant", "content": content});
+    let reasoning = reasoning.trim_end_matches('\n');
+    if !reasoning.is_empty() {
+        message["reasoning_content"] = json!(reasoning);
+    }
+    if !calls.is_empty() {
+        let list: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut v = tool_call_json(c, i, &new_id("call"));
+                if let Some(o) = v.as_object_mut() {
+                    o.remove("index");
+                }
+                v
+            })
+            .collect();
+        message["tool_calls"] = Value::Array(list);
+        if content.trim().is_empty() {
+            message["content"] = Value::Null;
+        }
+    }
+    let logprobs = if lps.is_empty() {
+        Value::Null
+    } else {
+        json!({"content": chat_logprobs(&st, &lps)})
+    };
+    Ok(json_body(&json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(done.finish, !calls.is_empty()),
+        }],
+        "usage": usage_json(&done),
+        "timings": timings_json(&done),
+    })))
+}
+
+fn chat_stream(
+    rx: UnboundedReceiver<Event>,
+    meta: Meta,
+    split: ChatStream,
+    include_usage: bool,
+    st: Arc<AppState>,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    struct S {
+        rx: UnboundedReceiver<Event>,
+        meta: Meta,
+        split: ChatStream,
+        include_usage: bool,
+        st: Arc<AppState>,
+        started: bool,
+        ended: bool,
+    }
+    let s = S {
+        rx,
+        meta,
+        split,
+        include_usage,
+        st,
+        started: false,
+        ended: false,
+    };
+    fn chunk(s: &S, delta: Value, logprobs: Value, finish: Value) -> Value {
+        json!({
+            "id": s.meta.id,
+            "object": "chat.completion.chunk",
+            "created": s.meta.created,
+            "model": s.meta.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        })
+    }
+    fn deltas(s: &S, ds: Vec<Delta>, lps: &[TokenLogprob]) -> String {
+        let mut out = String::new();
+        let mut lp = if lps.is_empty() {
+            Value::Null
+        } else {
+            json!({"content": chat_logprobs(&s.st, lps)})
+        };
+        for d in ds {
+            let delta = match d {
+                Delta::Content(t) => json!({"content": t}),
+                Delta::Reasoning(t) => json!({"reasoning_content": t}),
+            };
+            out += &sse_event(&chunk(s, delta, std::mem::take(&mut lp), Value::Null));
+        }
+        if !lp.is_null() {
+            // Tokens whose text is held back still report their log-probabilities.
+            out += &sse_event(&chunk(s, json!({}), lp, Value::Null));
+        }
+        out
+    }
+    futures_util::stream::unfold(s, |mut s| async move {
+        if s.ended {
+            return None;
+        }
+        loop {
+            let mut out = String::new();
+            if !s.started {
+                s.started = true;
+                out += &sse_event(&chunk(
+                    &s,
+                    json!({"role": "assistant", "content": ""}),
+                    Value::Null,
+                    Value::Null,
+                ));
+            }
+            match s.rx.recv().await {
+                Some(Event::Text { text, logprobs }) => {
+                    let ds = s.split.push(&text);
+                    out += &deltas(&s, ds, &logprobs);
+                }
+                Some(Event::Done(d)) => {
+                    s.ended = true;
+                    if d.finish == Finish::Cancelled {
+                        out += &(sse_event(&cancelled_error().body()) + SSE_DONE);
+                        return Some((out, s));
+                    }
+                    let (rest, calls) = s.split.finish();
+                    out += &deltas(&s, rest, &[]);
+                    if !calls.is_empty() {
+                        let list: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| tool_call_json(c, i, &new_id("call")))
+                            .collect();
+                        out += &sse_event(&chunk(
+                            &s,
+                            json!({"tool_calls": list}),
+                            Value::Null,
+                            Value::Null,
+                        ));
+                    }
+                    let mut c = chunk(
+                        &s,
+                        json!({}),
+                        Value::Null,
+                        json!(finish_reason(d.finish, !calls.is_empty())),
+                    );
+                    c["usage"] = usage_json(&d);
+                    c["timings"] = timings_json(&d);
+                    out += &sse_event(&c);
+                    if s.include_usage {
+                        let mut u = chunk(&s, json!({}), Value::Null, Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage_json(&d);
+                        out += &sse_event(&u);
+                    }
+                    out += SSE_DONE;
+                    return Some((out, s));
+                }
+                Some(Event::Error(e)) => {
+                    s.ended = true;
+                    out += &(sse_event(&generation_failed(e).body()) + SSE_DONE);
+                    return Some((out, s));
+                }
+                None => {
+                    s.ended = true;
+                    out += &(sse_event(
+                        &generation_failed("the generation ended early".into()).body(),
+                    ) + SSE_DONE);
+                    return Some((out, s));
+                }
+            }
+            if !out.is_empty() {
+                return Some((out, s));
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+        assert!(ct_eq(b"", b""));
+    }
+}
