@@ -10,4 +10,4 @@ pub mod scalar;
 mod x86;
 
 pub use dispatch::{available, by_isa, kernels, Isa, Kernels};
-pub use matmul::{can_multiply, matmul, Weight};
+pub use matmul::{can_multiply, matmul, matmuls, Weight};

@@ -6,7 +6,7 @@ use rayon::prelude::*;
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
 use crate::kernels::ops::{axpy, dot, l2_norm, rms_norm, sigmoid, silu, softplus};
-use crate::kernels::{matmul, Weight};
+use crate::kernels::{matmul, matmuls};
 
 /// Tokens per chunk of the chunked form (transformers and llama.cpp both use 64).
 pub const CHUNK: usize = 64;
@@ -50,15 +50,20 @@ pub fn forward(
     let n_tok = a.len() / hp.n_embd;
     let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
     let c = hp.conv_channels();
-    let proj = |w: &Weight| {
-        let mut y = vec![0f32; n_tok * w.n_out];
-        matmul(w, a, n_tok, &mut y);
-        y
-    };
-    let u = proj(&w.wqkv); // [T × C]
-    let z = proj(&w.wz); // [T × Hv·dv]
-    let b = proj(&w.wbeta); // [T × Hv]
-    let alpha = proj(&w.walpha); // [T × Hv]
+    let mut u = vec![0f32; n_tok * c]; // [T × C]
+    let mut z = vec![0f32; n_tok * hv * dv]; // [T × Hv·dv]
+    let mut b = vec![0f32; n_tok * hv]; // [T × Hv]
+    let mut alpha = vec![0f32; n_tok * hv]; // [T × Hv]
+    matmuls(
+        a,
+        n_tok,
+        &mut [
+            (&w.wqkv, &mut u),
+            (&w.wz, &mut z),
+            (&w.wbeta, &mut b),
+            (&w.walpha, &mut alpha),
+        ],
+    );
 
     // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
     let y = conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, &u, c);
