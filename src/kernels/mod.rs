@@ -3,6 +3,7 @@
 //! held by tests to the scalar reference ([`scalar`]).
 
 mod dispatch;
+pub mod fgemm;
 mod matmul;
 pub mod ops;
 pub mod scalar;
