@@ -2,6 +2,7 @@
 //! calls the kernel table chosen once for this CPU ([`kernels`]): one table per instruction set, each
 //! held by tests to the scalar reference ([`scalar`]).
 
+pub mod attend;
 mod dispatch;
 pub mod fgemm;
 mod matmul;

@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
-use crate::kernels::ops::{dot, rms_norm, sigmoid, softmax};
+use crate::kernels::attend::attend;
+use crate::kernels::ops::{rms_norm, sigmoid};
 use crate::kernels::{matmul, matmuls};
 
 /// Keys (after norm + RoPE) and raw values of every past position: `[pos][Hkv·hd]` each.
@@ -82,16 +83,7 @@ pub fn forward(
         let m = j / group;
         let q = &q[idx * hd..][..hd];
         let n_ctx = pos0 + t + 1;
-        let mut s: Vec<f32> = (0..n_ctx)
-            .map(|tau| dot(q, &kc[tau * kv_stride + m * hd..][..hd]) * scale)
-            .collect();
-        softmax(&mut s);
-        for (tau, p) in s.iter().enumerate() {
-            let v = &vc[tau * kv_stride + m * hd..][..hd];
-            for (o, v) in o.iter_mut().zip(v) {
-                *o += p * v;
-            }
-        }
+        attend(q, &kc[m * hd..], &vc[m * hd..], kv_stride, n_ctx, scale, o);
     });
     for (o, g) in o.iter_mut().zip(&gate) {
         *o *= sigmoid(*g);
