@@ -148,26 +148,34 @@ pub fn forward(
 fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) -> Vec<f32> {
     let n_tok = u.len() / c;
     let ks = kk - 1;
-    // Input at window position p (0..K−1 = state, then the T new tokens).
-    let x = |st: &[f32], p: usize, ch: usize| {
-        if p < ks {
-            st[ch * ks + p]
-        } else {
-            u[(p - ks) * c + ch]
-        }
-    };
-    let mut y = vec![0f32; n_tok * c];
-    for t in 0..n_tok {
-        for ch in 0..c {
-            let w = &conv_w[ch * kk..][..kk];
-            let acc: f32 = (0..kk).map(|j| w[j] * x(state, t + j, ch)).sum();
-            y[t * c + ch] = silu(acc);
-        }
-    }
-    let old = state.to_vec();
+    // The input window [state (K−1 steps) | u (T steps)] and the taps as `[K][C]`, so that every step
+    // below runs over contiguous channels.
+    let mut win = vec![0f32; (ks + n_tok) * c];
     for ch in 0..c {
         for i in 0..ks {
-            state[ch * ks + i] = x(&old, n_tok + i, ch);
+            win[i * c + ch] = state[ch * ks + i];
+        }
+    }
+    win[ks * c..].copy_from_slice(u);
+    let mut taps = vec![0f32; kk * c];
+    for ch in 0..c {
+        for j in 0..kk {
+            taps[j * c + ch] = conv_w[ch * kk + j];
+        }
+    }
+    let mut y = vec![0f32; n_tok * c];
+    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+        for j in 0..kk {
+            let (w, x) = (&taps[j * c..][..c], &win[(t + j) * c..][..c]);
+            for ((y, w), x) in yt.iter_mut().zip(w).zip(x) {
+                *y += w * x;
+            }
+        }
+        yt.iter_mut().for_each(|v| *v = silu(*v));
+    }
+    for ch in 0..c {
+        for i in 0..ks {
+            state[ch * ks + i] = win[(n_tok + i) * c + ch];
         }
     }
     y
