@@ -53,62 +53,162 @@ pub fn can_multiply(ty: GgmlType, n_in: usize) -> Result<(), String> {
 /// `out[t][r] = Σ_c W[r][c] · x[t][c]` for `n_tokens` rows of `x` (`[n_tokens × n_in]`, row-major);
 /// `out` is `[n_tokens × n_out]`.
 pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
-    assert_eq!(x.len(), n_tokens * w.n_in, "{}: activation length", w.name);
-    assert_eq!(out.len(), n_tokens * w.n_out, "{}: output length", w.name);
-    let k = kernels();
-    let row_bytes = w.row_bytes();
-    if matches!(w.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-        rows(w, n_tokens, out, |first, o| {
-            let n = o.len() / n_tokens;
-            (k.float_rows)(
-                w.ty,
-                &w.data[first * row_bytes..(first + n) * row_bytes],
-                x,
-                n_tokens,
-                o,
-            )
-        });
-        return;
-    }
-    // Quantize every activation row once; all weight rows reuse it.
-    let act = w.ty.vec_dot_type();
-    let act_bytes = act
-        .row_bytes(w.n_in as u64)
-        .expect("row length checked at load") as usize;
-    let mut q = vec![0u8; n_tokens * act_bytes];
-    q.par_chunks_mut(act_bytes)
-        .zip(x.par_chunks(w.n_in))
-        .for_each(|(q, x)| (k.quantize_act)(act, x, q));
-    rows(w, n_tokens, out, |first, o| {
-        let n = o.len() / n_tokens;
-        (k.quant_rows)(
-            w.ty,
-            &w.data[first * row_bytes..(first + n) * row_bytes],
-            &q,
-            n_tokens,
-            o,
-        )
-    });
+    matmuls(x, n_tokens, &mut [(w, out)]);
 }
 
-/// Runs `f(first_row, out[rows × n_tokens])` over groups of weight rows in parallel, then scatters the
-/// row-major results into the token-major `out`.
-fn rows(w: &Weight, n_tokens: usize, out: &mut [f32], f: impl Fn(usize, &mut [f32]) + Sync) {
-    // Rows per task: enough work per task to amortize scheduling, enough tasks to balance.
-    let per_task = (16384 / (w.n_in * n_tokens).max(1)).clamp(4, 256);
-    if n_tokens == 1 {
-        out.par_chunks_mut(per_task)
-            .enumerate()
-            .for_each(|(i, o)| f(i * per_task, o));
+/// [`matmul`] for several weights that read the same input `x`: the activations are quantized once per
+/// activation type and every product runs in one parallel region (one fork/join instead of one each).
+pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
+    let k = kernels();
+    let n_in = x.len() / n_tokens.max(1);
+    for (w, out) in jobs.iter() {
+        assert_eq!(w.n_in, n_in, "{}: activation length", w.name);
+        assert_eq!(x.len(), n_tokens * w.n_in, "{}: activation length", w.name);
+        assert_eq!(out.len(), n_tokens * w.n_out, "{}: output length", w.name);
+    }
+    if n_tokens == 0 {
         return;
     }
-    let mut tmp = vec![0f32; w.n_out * n_tokens];
-    tmp.par_chunks_mut(per_task * n_tokens)
-        .enumerate()
-        .for_each(|(i, o)| f(i * per_task, o));
-    for (r, col) in tmp.chunks_exact(n_tokens).enumerate() {
-        for (t, v) in col.iter().enumerate() {
-            out[t * w.n_out + r] = *v;
+    // Quantize every activation row once per activation type; every weight of that type reuses it.
+    let mut acts: Vec<(GgmlType, Vec<u8>)> = Vec::new();
+    for (w, _) in jobs.iter() {
+        if is_float(w.ty) || acts.iter().any(|(t, _)| *t == w.ty.vec_dot_type()) {
+            continue;
+        }
+        let act = w.ty.vec_dot_type();
+        let act_bytes = act
+            .row_bytes(n_in as u64)
+            .expect("row length checked at load") as usize;
+        let mut q = vec![0u8; n_tokens * act_bytes];
+        if n_tokens == 1 {
+            (k.quantize_act)(act, x, &mut q);
+        } else {
+            q.par_chunks_mut(act_bytes)
+                .zip(x.par_chunks(n_in))
+                .for_each(|(q, x)| (k.quantize_act)(act, x, q));
+        }
+        acts.push((act, q));
+    }
+
+    // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row block,
+    // so consecutive items (one thread's share) reuse the same weight rows while they are in cache.
+    let tok_block = n_tokens.min(TOKEN_BLOCK);
+    let n_tok_blocks = n_tokens.div_ceil(tok_block);
+    let plans: Vec<Plan> = jobs
+        .iter_mut()
+        .map(|(w, out)| {
+            let rows = rows_per_item(w, n_tokens);
+            Plan {
+                w,
+                act: acts
+                    .iter()
+                    .find(|(t, _)| !is_float(w.ty) && *t == w.ty.vec_dot_type())
+                    .map(|(_, q)| q.as_slice()),
+                out: OutPtr(out.as_mut_ptr()),
+                rows,
+                n_items: w.n_out.div_ceil(rows) * n_tok_blocks,
+            }
+        })
+        .collect();
+    let first_item: Vec<usize> = plans
+        .iter()
+        .scan(0, |n, p| {
+            let first = *n;
+            *n += p.n_items;
+            Some(first)
+        })
+        .collect();
+    let n_items: usize = plans.iter().map(|p| p.n_items).sum();
+    let run = |item: usize| {
+        let j = first_item.partition_point(|&f| f <= item) - 1;
+        let p = &plans[j];
+        let local = item - first_item[j];
+        let (r0, t0) = (
+            local / n_tok_blocks * p.rows,
+            local % n_tok_blocks * tok_block,
+        );
+        let rr = p.rows.min(p.w.n_out - r0);
+        let tt = tok_block.min(n_tokens - t0);
+        p.block(x, r0, rr, t0, tt, n_tokens);
+    };
+    if n_items == 1 {
+        run(0);
+    } else {
+        (0..n_items).into_par_iter().for_each(run);
+    }
+}
+
+/// Weight rows per work item in prefill (a multiple of every kernel's row tile).
+const ROW_BLOCK: usize = 64;
+
+/// Tokens per work item in prefill: the block's quantized activations (≤ 64 rows) stay in L2 while the
+/// item's weight rows stream past them.
+const TOKEN_BLOCK: usize = 64;
+
+/// Weight rows per work item: about 32 KiB of weights for a single token (decode is memory-bound; fewer,
+/// larger items), [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
+fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
+    if n_tokens == 1 {
+        (32768 / w.row_bytes().max(1)).clamp(4, 256) / 4 * 4
+    } else {
+        ROW_BLOCK
+    }
+}
+
+fn is_float(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// One weight's share of a [`matmuls`] call.
+struct Plan<'a> {
+    w: &'a Weight<'a>,
+    /// The quantized activations (quantized weights only).
+    act: Option<&'a [u8]>,
+    out: OutPtr,
+    rows: usize,
+    n_items: usize,
+}
+
+/// The output matrix, written by disjoint blocks from several threads.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every work item writes a disjoint set of elements (its rows × its tokens), see `Plan::block`.
+unsafe impl Send for OutPtr {}
+// SAFETY: as above; nothing reads through the pointer.
+unsafe impl Sync for OutPtr {}
+
+impl Plan<'_> {
+    /// Computes rows `r0..r0+rr` × tokens `t0..t0+tt` and stores them into the token-major output.
+    fn block(&self, x: &[f32], r0: usize, rr: usize, t0: usize, tt: usize, n_tokens: usize) {
+        let (w, k) = (self.w, kernels());
+        let (n_in, n_out) = (w.n_in, w.n_out);
+        let wb = &w.data[r0 * w.row_bytes()..(r0 + rr) * w.row_bytes()];
+        let compute = |o: &mut [f32]| match self.act {
+            Some(act) => {
+                let ab = act.len() / n_tokens;
+                (k.quant_rows)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], tt, o)
+            }
+            None => (k.float_rows)(w.ty, wb, &x[t0 * n_in..(t0 + tt) * n_in], tt, o),
+        };
+        if tt == 1 {
+            // SAFETY: `out` is `[n_tokens × n_out]` (checked in `matmuls`, which holds the `&mut` for the
+            // whole call); this item alone writes row `t0`'s elements `r0..r0+rr`.
+            let o = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(t0 * n_out + r0), rr) };
+            compute(o);
+            return;
+        }
+        // The kernels write `[rows × tokens]`; the output is `[tokens × rows]`.
+        let mut tile = [0f32; ROW_BLOCK * TOKEN_BLOCK];
+        let tile = &mut tile[..rr * tt];
+        compute(tile);
+        for t in 0..tt {
+            // SAFETY: as above; this item alone writes token `t0 + t`'s elements `r0..r0+rr`.
+            let o = unsafe {
+                std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0), rr)
+            };
+            for (r, o) in o.iter_mut().enumerate() {
+                *o = tile[r * tt + t];
+            }
         }
     }
 }

@@ -4,7 +4,9 @@
 
 #[cfg(target_arch = "aarch64")]
 mod arm;
+pub mod attend;
 mod dispatch;
+pub mod fgemm;
 mod matmul;
 pub mod ops;
 pub mod scalar;
@@ -12,4 +14,4 @@ pub mod scalar;
 mod x86;
 
 pub use dispatch::{available, by_isa, kernels, Isa, Kernels};
-pub use matmul::{can_multiply, matmul, Weight};
+pub use matmul::{can_multiply, matmul, matmuls, Weight};

@@ -5,8 +5,9 @@ use rayon::prelude::*;
 
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
-use crate::kernels::ops::{dot, rms_norm, sigmoid, softmax};
-use crate::kernels::{matmul, Weight};
+use crate::kernels::attend::attend;
+use crate::kernels::ops::{rms_norm, sigmoid};
+use crate::kernels::{matmul, matmuls};
 
 /// Keys (after norm + RoPE) and raw values of every past position: `[pos][Hkv·hd]` each.
 #[derive(Clone, Debug, Default)]
@@ -41,14 +42,15 @@ pub fn forward(
 ) {
     let (nh, nkv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
     let n_tok = a.len() / hp.n_embd;
-    let proj = |w: &Weight| {
-        let mut y = vec![0f32; n_tok * w.n_out];
-        matmul(w, a, n_tok, &mut y);
-        y
-    };
-
     // QG: [T × H × (q: hd | gate: hd)] — per-head interleaved, not [all q | all gates].
-    let qg = proj(&w.wq);
+    let mut qg = vec![0f32; n_tok * 2 * nh * hd];
+    let mut k = vec![0f32; n_tok * nkv * hd]; // [T × Hkv × hd]
+    let mut v = vec![0f32; n_tok * nkv * hd]; // [T × Hkv × hd]
+    matmuls(
+        a,
+        n_tok,
+        &mut [(&w.wq, &mut qg), (&w.wk, &mut k), (&w.wv, &mut v)],
+    );
     let mut q = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
     let mut gate = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
     for (t, qg) in qg.chunks_exact(2 * nh * hd).enumerate() {
@@ -61,8 +63,6 @@ pub fn forward(
             gate[(t * nh + j) * hd..][..hd].copy_from_slice(&src[hd..]);
         }
     }
-    let mut k = proj(&w.wk); // [T × Hkv × hd]
-    let v = proj(&w.wv); // [T × Hkv × hd]
     for (t, k) in k.chunks_exact_mut(nkv * hd).enumerate() {
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
@@ -83,16 +83,7 @@ pub fn forward(
         let m = j / group;
         let q = &q[idx * hd..][..hd];
         let n_ctx = pos0 + t + 1;
-        let mut s: Vec<f32> = (0..n_ctx)
-            .map(|tau| dot(q, &kc[tau * kv_stride + m * hd..][..hd]) * scale)
-            .collect();
-        softmax(&mut s);
-        for (tau, p) in s.iter().enumerate() {
-            let v = &vc[tau * kv_stride + m * hd..][..hd];
-            for (o, v) in o.iter_mut().zip(v) {
-                *o += p * v;
-            }
-        }
+        attend(q, &kc[m * hd..], &vc[m * hd..], kv_stride, n_ctx, scale, o);
     });
     for (o, g) in o.iter_mut().zip(&gate) {
         *o *= sigmoid(*g);

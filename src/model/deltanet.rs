@@ -5,8 +5,9 @@ use rayon::prelude::*;
 
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
+use crate::kernels::fgemm::{gemm, transpose};
 use crate::kernels::ops::{axpy, dot, l2_norm, rms_norm, sigmoid, silu, softplus};
-use crate::kernels::{matmul, Weight};
+use crate::kernels::{matmul, matmuls};
 
 /// Tokens per chunk of the chunked form (transformers and llama.cpp both use 64).
 pub const CHUNK: usize = 64;
@@ -50,15 +51,20 @@ pub fn forward(
     let n_tok = a.len() / hp.n_embd;
     let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
     let c = hp.conv_channels();
-    let proj = |w: &Weight| {
-        let mut y = vec![0f32; n_tok * w.n_out];
-        matmul(w, a, n_tok, &mut y);
-        y
-    };
-    let u = proj(&w.wqkv); // [T × C]
-    let z = proj(&w.wz); // [T × Hv·dv]
-    let b = proj(&w.wbeta); // [T × Hv]
-    let alpha = proj(&w.walpha); // [T × Hv]
+    let mut u = vec![0f32; n_tok * c]; // [T × C]
+    let mut z = vec![0f32; n_tok * hv * dv]; // [T × Hv·dv]
+    let mut b = vec![0f32; n_tok * hv]; // [T × Hv]
+    let mut alpha = vec![0f32; n_tok * hv]; // [T × Hv]
+    matmuls(
+        a,
+        n_tok,
+        &mut [
+            (&w.wqkv, &mut u),
+            (&w.wz, &mut z),
+            (&w.wbeta, &mut b),
+            (&w.walpha, &mut alpha),
+        ],
+    );
 
     // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
     let y = conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, &u, c);
@@ -142,26 +148,34 @@ pub fn forward(
 fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) -> Vec<f32> {
     let n_tok = u.len() / c;
     let ks = kk - 1;
-    // Input at window position p (0..K−1 = state, then the T new tokens).
-    let x = |st: &[f32], p: usize, ch: usize| {
-        if p < ks {
-            st[ch * ks + p]
-        } else {
-            u[(p - ks) * c + ch]
-        }
-    };
-    let mut y = vec![0f32; n_tok * c];
-    for t in 0..n_tok {
-        for ch in 0..c {
-            let w = &conv_w[ch * kk..][..kk];
-            let acc: f32 = (0..kk).map(|j| w[j] * x(state, t + j, ch)).sum();
-            y[t * c + ch] = silu(acc);
-        }
-    }
-    let old = state.to_vec();
+    // The input window [state (K−1 steps) | u (T steps)] and the taps as `[K][C]`, so that every step
+    // below runs over contiguous channels.
+    let mut win = vec![0f32; (ks + n_tok) * c];
     for ch in 0..c {
         for i in 0..ks {
-            state[ch * ks + i] = x(&old, n_tok + i, ch);
+            win[i * c + ch] = state[ch * ks + i];
+        }
+    }
+    win[ks * c..].copy_from_slice(u);
+    let mut taps = vec![0f32; kk * c];
+    for ch in 0..c {
+        for j in 0..kk {
+            taps[j * c + ch] = conv_w[ch * kk + j];
+        }
+    }
+    let mut y = vec![0f32; n_tok * c];
+    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+        for j in 0..kk {
+            let (w, x) = (&taps[j * c..][..c], &win[(t + j) * c..][..c]);
+            for ((y, w), x) in yt.iter_mut().zip(w).zip(x) {
+                *y += w * x;
+            }
+        }
+        yt.iter_mut().for_each(|v| *v = silu(*v));
+    }
+    for ch in 0..c {
+        for i in 0..ks {
+            state[ch * ks + i] = win[(n_tok + i) * c + ch];
         }
     }
     y
@@ -203,15 +217,25 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
 /// The chunked (WY / UT-transform) form of the same recurrence, spec §4, chunks of `chunk` tokens
 /// (the last one shorter instead of zero-padded: padding rows would not change anything).
 /// Every exponential is of `γ_i − γ_j` with `j ≤ i` (≤ 0): masked before exp, never a ratio.
+///
+/// Works on `S = Mᵀ` (`[dk × dv]`) so that every step is a row-major matrix product ([`gemm`]).
 pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
     let (dk, dv) = (x.dk, x.dv);
     let n_tok = x.g.len();
+    let mut s = vec![0f32; dk * dv];
+    transpose(m, dv, dk, &mut s);
+    let mut kt = vec![0f32; dk * chunk]; // Kᵀ [dk × n]
+    let mut a = vec![0f32; chunk * chunk]; // A [n × n]
+    let mut p = vec![0f32; chunk * chunk]; // P [n × n]
+    let mut uu = vec![0f32; chunk * dv]; // U, then V' [n × dv]
+    let mut ww = vec![0f32; chunk * dk]; // W [n × dk]
+    let mut vs = vec![0f32; chunk * dv]; // V' rows scaled by their decay to the chunk end [n × dv]
     let mut s0 = 0;
     while s0 < n_tok {
         let n = chunk.min(n_tok - s0);
-        let q = |i: usize| &x.q[(s0 + i) * dk..][..dk];
-        let k = |i: usize| &x.k[(s0 + i) * dk..][..dk];
-        let v = |i: usize| &x.v[(s0 + i) * dv..][..dv];
+        let q = &x.q[s0 * dk..(s0 + n) * dk];
+        let k = &x.k[s0 * dk..(s0 + n) * dk];
+        let v = &x.v[s0 * dv..(s0 + n) * dv];
         let beta = &x.beta[s0..s0 + n];
 
         // γ_i = Σ_{s≤i} g_s (inclusive cumulative log-decay), in f64: γ can reach −10³ within a chunk and
@@ -224,65 +248,102 @@ pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
             })
             .collect();
         let decay = |i: usize, j: usize| (gamma[i] - gamma[j]).exp() as f32;
-        // A_ij = β_i (k_i·k_j) e^{γ_i−γ_j}, strictly lower.
-        let mut a = vec![0f32; n * n];
+        let eg: Vec<f32> = gamma.iter().map(|g| g.exp() as f32).collect();
+
+        // K·Kᵀ and Q·Kᵀ, then A_ij = β_i (k_i·k_j) e^{γ_i−γ_j} strictly lower and
+        // P_ij = (q_i·k_j) e^{γ_i−γ_j} lower with the diagonal.
+        let (a, p) = (&mut a[..n * n], &mut p[..n * n]);
+        transpose(k, n, dk, &mut kt);
+        gemm(n, n, dk, 1.0, k, dk, &kt, n, 0.0, a, n);
+        gemm(n, n, dk, 1.0, q, dk, &kt, n, 0.0, p, n);
         for i in 0..n {
-            for j in 0..i {
-                a[i * n + j] = beta[i] * dot(k(i), k(j)) * decay(i, j);
+            for j in 0..n {
+                let d = if j <= i { decay(i, j) } else { 0.0 };
+                a[i * n + j] = if j < i {
+                    beta[i] * a[i * n + j] * d
+                } else {
+                    0.0
+                };
+                p[i * n + j] *= d;
             }
         }
-        // (I + A) U = β⊙V and (I + A) W = β⊙e^γ⊙K by forward substitution.
-        let mut uu = vec![0f32; n * dv];
-        let mut ww = vec![0f32; n * dk];
+
+        // (I + A) U = β⊙V and (I + A) W = β⊙e^γ⊙K by forward substitution, in blocks of rows: the
+        // earlier blocks' contribution as one product, then row by row inside the block.
+        let (uu, ww) = (&mut uu[..n * dv], &mut ww[..n * dk]);
         for i in 0..n {
-            let (done_u, rest_u) = uu.split_at_mut(i * dv);
-            let ui = &mut rest_u[..dv];
-            ui.iter_mut().zip(v(i)).for_each(|(u, v)| *u = beta[i] * v);
-            let (done_w, rest_w) = ww.split_at_mut(i * dk);
-            let wi = &mut rest_w[..dk];
-            let eg = gamma[i].exp() as f32;
-            wi.iter_mut()
-                .zip(k(i))
-                .for_each(|(w, k)| *w = beta[i] * eg * k);
-            for j in 0..i {
-                let aij = a[i * n + j];
-                if aij != 0.0 {
-                    axpy(ui, -aij, &done_u[j * dv..][..dv]);
-                    axpy(wi, -aij, &done_w[j * dk..][..dk]);
+            let (ui, vi) = (&mut uu[i * dv..][..dv], &v[i * dv..][..dv]);
+            ui.iter_mut().zip(vi).for_each(|(u, v)| *u = beta[i] * v);
+            let (wi, ki) = (&mut ww[i * dk..][..dk], &k[i * dk..][..dk]);
+            let f = beta[i] * eg[i];
+            wi.iter_mut().zip(ki).for_each(|(w, k)| *w = f * k);
+        }
+        const SUBST_BLOCK: usize = 16;
+        for i0 in (0..n).step_by(SUBST_BLOCK) {
+            let i1 = (i0 + SUBST_BLOCK).min(n);
+            let (done_u, rest_u) = uu.split_at_mut(i0 * dv);
+            let (done_w, rest_w) = ww.split_at_mut(i0 * dk);
+            if i0 > 0 {
+                gemm(
+                    i1 - i0,
+                    dv,
+                    i0,
+                    -1.0,
+                    &a[i0 * n..],
+                    n,
+                    done_u,
+                    dv,
+                    1.0,
+                    rest_u,
+                    dv,
+                );
+                gemm(
+                    i1 - i0,
+                    dk,
+                    i0,
+                    -1.0,
+                    &a[i0 * n..],
+                    n,
+                    done_w,
+                    dk,
+                    1.0,
+                    rest_w,
+                    dk,
+                );
+            }
+            for i in i0..i1 {
+                let (blk_u, cur_u) = rest_u.split_at_mut((i - i0) * dv);
+                let (blk_w, cur_w) = rest_w.split_at_mut((i - i0) * dk);
+                for j in i0..i {
+                    let aij = a[i * n + j];
+                    axpy(&mut cur_u[..dv], -aij, &blk_u[(j - i0) * dv..][..dv]);
+                    axpy(&mut cur_w[..dk], -aij, &blk_w[(j - i0) * dk..][..dk]);
                 }
             }
         }
-        // V' = U − W·S (the per-token deltas) and the inter-chunk output e^γ ⊙ (Q·S), both with the incoming
-        // state: row j of M gives column j of S.
-        let mut vp = uu; // [n × dv]
-        let mut o = vec![0f32; n * dv];
-        let eg: Vec<f32> = gamma.iter().map(|g| g.exp() as f32).collect();
-        for (j, row) in m.chunks_exact(dk).enumerate() {
-            for i in 0..n {
-                vp[i * dv + j] -= dot(&ww[i * dk..][..dk], row);
-                o[i * dv + j] = eg[i] * dot(q(i), row);
+
+        // V' = U − W·S (the per-token deltas, with the incoming state).
+        gemm(n, dv, dk, -1.0, ww, dk, &s, dv, 1.0, uu, dv);
+        let vp = &*uu;
+        // O = e^γ ⊙ (Q·S) (inter-chunk) + P·V' (intra-chunk, diagonal included).
+        let o = &mut out[s0 * dv..(s0 + n) * dv];
+        gemm(n, dv, dk, 1.0, q, dk, &s, dv, 0.0, o, dv);
+        for (oi, e) in o.chunks_exact_mut(dv).zip(&eg) {
+            oi.iter_mut().for_each(|x| *x *= e);
+        }
+        gemm(n, dv, n, 1.0, p, n, vp, dv, 1.0, o, dv);
+        // S ← e^{γ_last} S + Kᵀ · (e^{γ_last−γ_t} V'_t)_t
+        let vs = &mut vs[..n * dv];
+        for t in 0..n {
+            let d = decay(n - 1, t);
+            for (y, x) in vs[t * dv..][..dv].iter_mut().zip(&vp[t * dv..][..dv]) {
+                *y = d * x;
             }
         }
-        // Intra-chunk: O_i += Σ_{t≤i} e^{γ_i−γ_t} (q_i·k_t) V'_t (diagonal included).
-        for i in 0..n {
-            let oi = &mut o[i * dv..][..dv];
-            for t in 0..=i {
-                let c = dot(q(i), k(t)) * decay(i, t);
-                axpy(oi, c, &vp[t * dv..][..dv]);
-            }
-        }
-        out[s0 * dv..(s0 + n) * dv].copy_from_slice(&o);
-        // S ← e^{γ_last} S + Σ_t e^{γ_last−γ_t} k_t V'_tᵀ
-        let decay_t: Vec<f32> = (0..n).map(|t| decay(n - 1, t)).collect();
-        let decay_all = eg[n - 1];
-        for (j, row) in m.chunks_exact_mut(dk).enumerate() {
-            row.iter_mut().for_each(|s| *s *= decay_all);
-            for t in 0..n {
-                axpy(row, decay_t[t] * vp[t * dv + j], k(t));
-            }
-        }
+        gemm(dk, dv, n, 1.0, &kt, n, vs, dv, eg[n - 1], &mut s, dv);
         s0 += n;
     }
+    transpose(&s, dk, dv, m);
 }
 
 #[cfg(test)]

@@ -1,16 +1,19 @@
 //! SwiGLU feed-forward: `W_down · (silu(W_gate · f) ⊙ (W_up · f))`.
 
 use super::weights::LayerWeights;
-use crate::kernels::matmul;
 use crate::kernels::ops::silu;
+use crate::kernels::{matmul, matmuls};
 
 /// `f`: `[T × d]` normed inputs; writes `[T × d]` to `out`.
 pub fn forward(w: &LayerWeights, f: &[f32], n_tok: usize, out: &mut [f32]) {
     let ff = w.ffn_gate.n_out;
     let mut gate = vec![0f32; n_tok * ff]; // [T × ff]
     let mut up = vec![0f32; n_tok * ff]; // [T × ff]
-    matmul(&w.ffn_gate, f, n_tok, &mut gate);
-    matmul(&w.ffn_up, f, n_tok, &mut up);
+    matmuls(
+        f,
+        n_tok,
+        &mut [(&w.ffn_gate, &mut gate), (&w.ffn_up, &mut up)],
+    );
     for (g, u) in gate.iter_mut().zip(&up) {
         *g = silu(*g) * u;
     }

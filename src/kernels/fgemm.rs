@@ -1,0 +1,224 @@
+//! Small dense f32 matrix products for the model's own math (the chunked delta rule):
+//! `C ← α·A·B + β·C`, all row-major with leading dimensions.
+//!
+//! The body is plain Rust over a 4 × 16 register tile (broadcast one `A` element, multiply a row of 16
+//! `B` elements), written once and compiled twice: as is, and with AVX2+FMA enabled, which the x86
+//! kernel tables select at run time. The scalar table keeps the plain copy, so `DELTAQ_ISA=scalar` runs
+//! no FMA.
+
+/// `c[i][j] ← alpha · Σ_p a[i][p] · b[p][j] + beta · c[i][j]` for `i < m`, `j < n`, `p < k`;
+/// `a[i][p] = a[i·lda + p]`, `b[p][j] = b[p·ldb + j]`, `c[i][j] = c[i·ldc + j]`. `beta = 0` overwrites
+/// `c` (NaNs in it included).
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    beta: f32,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        a.len() >= (m - 1) * lda + k && lda >= k,
+        "gemm: A too short"
+    );
+    assert!(
+        k == 0 || (b.len() >= (k - 1) * ldb + n && ldb >= n),
+        "gemm: B too short"
+    );
+    assert!(
+        c.len() >= (m - 1) * ldc + n && ldc >= n,
+        "gemm: C too short"
+    );
+    let args = Args {
+        m,
+        n,
+        k,
+        alpha,
+        a,
+        lda,
+        b,
+        ldb,
+        beta,
+        ldc,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if super::kernels().isa >= super::Isa::Avx2 {
+        // SAFETY: the AVX2 and AVX-512 tables are only handed out after AVX2, FMA and F16C were detected.
+        unsafe { gemm_avx2(&args, c) };
+        return;
+    }
+    gemm_body::<false>(&args, c, 0, 0);
+}
+
+struct Args<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    alpha: f32,
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    ldb: usize,
+    beta: f32,
+    ldc: usize,
+}
+
+/// The full 4 × 16 tiles with AVX2 intrinsics; the edges through the generic body.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gemm_avx2(x: &Args, c: &mut [f32]) {
+    use core::arch::x86_64::*;
+    let (m, n, k) = (x.m, x.n, x.k);
+    let (full_m, full_n) = (m / MR * MR, n / NR * NR);
+    let (ap, bp, cp) = (x.a.as_ptr(), x.b.as_ptr(), c.as_mut_ptr());
+    let (alpha, beta) = (_mm256_set1_ps(x.alpha), _mm256_set1_ps(x.beta));
+    for i in (0..full_m).step_by(MR) {
+        for j in (0..full_n).step_by(NR) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; MR];
+            for p in 0..k {
+                // SAFETY: p < k, j + 16 ≤ n and i + 4 ≤ m: inside the extents `gemm` asserted.
+                let b0 = _mm256_loadu_ps(bp.add(p * x.ldb + j));
+                let b1 = _mm256_loadu_ps(bp.add(p * x.ldb + j + 8));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_broadcast_ss(&*ap.add((i + r) * x.lda + p));
+                    acc[0] = _mm256_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(a, b1, acc[1]);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (h, v) in acc.iter().enumerate() {
+                    // SAFETY: as above, for C.
+                    let o = cp.add((i + r) * x.ldc + j + 8 * h);
+                    let v = _mm256_mul_ps(alpha, *v);
+                    let v = if x.beta == 0.0 {
+                        v
+                    } else {
+                        _mm256_fmadd_ps(beta, _mm256_loadu_ps(o), v)
+                    };
+                    _mm256_storeu_ps(o, v);
+                }
+            }
+        }
+    }
+    gemm_body::<true>(x, c, full_m, full_n)
+}
+
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Register tile of the vector kernel: rows × columns.
+#[cfg(target_arch = "x86_64")]
+const MR: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const NR: usize = 16;
+
+/// Everything outside the first `done_m` rows × `done_n` columns (which a vector kernel has done): row
+/// by row, 64 columns at a time as `acc += a[i][p] · b[p][..]` over contiguous slices (vectorizes).
+#[inline(always)]
+fn gemm_body<const FMA: bool>(x: &Args, c: &mut [f32], done_m: usize, done_n: usize) {
+    const W: usize = 64;
+    for i in 0..x.m {
+        let ai = &x.a[i * x.lda..][..x.k];
+        let first = if i < done_m { done_n } else { 0 };
+        for j0 in (first..x.n).step_by(W) {
+            let w = W.min(x.n - j0);
+            let mut acc = [0f32; W];
+            let acc = &mut acc[..w];
+            for (p, &av) in ai.iter().enumerate() {
+                for (s, &b) in acc.iter_mut().zip(&x.b[p * x.ldb + j0..][..w]) {
+                    *s = madd::<FMA>(av, b, *s);
+                }
+            }
+            for (o, v) in c[i * x.ldc + j0..][..w].iter_mut().zip(acc.iter()) {
+                *o = if x.beta == 0.0 {
+                    x.alpha * v
+                } else {
+                    x.alpha * v + x.beta * *o
+                };
+            }
+        }
+    }
+}
+
+/// `dst[j][i] = src[i][j]` for a `rows × cols` row-major `src`.
+pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    for i in 0..rows {
+        for j in 0..cols {
+            dst[j * rows + i] = src[i * cols + j];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[allow(clippy::too_many_arguments)]
+    fn naive(
+        m: usize,
+        n: usize,
+        k: usize,
+        alpha: f32,
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+    ) {
+        for i in 0..m {
+            for j in 0..n {
+                let s: f64 = (0..k)
+                    .map(|p| a[i * k + p] as f64 * b[p * n + j] as f64)
+                    .sum();
+                c[i * n + j] = (alpha as f64 * s + beta as f64 * c[i * n + j] as f64) as f32;
+            }
+        }
+    }
+
+    #[test]
+    fn gemm_matches_naive_on_every_shape_edge() {
+        let mut seed = 7u32;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (m, n, k) in [
+            (1, 1, 1),
+            (4, 16, 8),
+            (5, 17, 3),
+            (64, 128, 128),
+            (37, 37, 128),
+            (3, 40, 0),
+        ] {
+            let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| rnd()).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| rnd()).collect();
+            for (alpha, beta) in [(1.0, 0.0), (-1.0, 1.0), (0.5, 0.25)] {
+                let (mut want, mut got) = (c0.clone(), c0.clone());
+                naive(m, n, k, alpha, &a, &b, beta, &mut want);
+                gemm(m, n, k, alpha, &a, k, &b, n, beta, &mut got, n);
+                for (g, w) in got.iter().zip(&want) {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (k as f32).max(1.0),
+                        "{m}x{n}x{k}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}
