@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, hsum_ps, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
+use super::{f16_at, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
 
 /// Q8_K: f32 d, 256 quants, 16 i16 block sums.
 const AB: usize = 292;
@@ -352,7 +352,7 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
     nb: usize,
 ) -> [[f32; T]; R] {
     let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[0f32; T]; R];
     for b in 0..nb {
         let mut wb = [core::ptr::null::<u8>(); R];
         let mut pre = [Pre {
@@ -385,43 +385,68 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
                 }
             }
         }
+        // Per (row, token): the block's integer sum S (and mins sum M) folded to one i32, then
+        // acc = fma(S, d·dy, acc) [acc = fma(M, −dmin·dy, acc)]: the same float operations, in the same
+        // order, as the decode kernels, so that prefill and decode give bit-identical results.
+        let mut dy = [0f32; T];
+        let mut sv = [[zero; T]; R];
+        let mut mv = [[zero; T]; R];
         for t in 0..T {
-            let dy = read_f32(ab[t]);
+            dy[t] = read_f32(ab[t]);
             let bsums = loadu(ab[t].add(ABSUMS));
             for r in 0..R {
                 let corr = _mm256_madd_epi16(bsums, pre[r].corr);
                 if K::MINS {
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(isum[r][t]),
-                        _mm256_set1_ps(pre[r].d * dy),
-                        acc[r][t],
-                    );
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(corr),
-                        _mm256_set1_ps(-(pre[r].dmin * dy)),
-                        acc[r][t],
-                    );
+                    sv[r][t] = isum[r][t];
+                    mv[r][t] = corr;
                 } else {
-                    let i = _mm256_sub_epi32(
+                    sv[r][t] = _mm256_sub_epi32(
                         isum[r][t],
                         _mm256_sll_epi32(corr, _mm_cvtsi32_si128(K::SHIFT)),
-                    );
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(i),
-                        _mm256_set1_ps(pre[r].d * dy),
-                        acc[r][t],
                     );
                 }
             }
         }
-    }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = hsum_ps(acc[r][t]);
+        for r in 0..R {
+            if T == 4 {
+                let dyv = _mm_loadu_ps(dy.as_ptr());
+                let a = _mm_loadu_ps(acc[r].as_ptr());
+                let sf = _mm_cvtepi32_ps(fold4(core::array::from_fn(|t| sv[r][t])));
+                let mut a = _mm_fmadd_ps(sf, _mm_mul_ps(_mm_set1_ps(pre[r].d), dyv), a);
+                if K::MINS {
+                    let mf = _mm_cvtepi32_ps(fold4(core::array::from_fn(|t| mv[r][t])));
+                    a = _mm_fnmadd_ps(mf, _mm_mul_ps(_mm_set1_ps(pre[r].dmin), dyv), a);
+                }
+                _mm_storeu_ps(acc[r].as_mut_ptr(), a);
+            } else {
+                for t in 0..T {
+                    let sf = hsum_epi32(sv[r][t]) as f32;
+                    acc[r][t] = sf.mul_add(pre[r].d * dy[t], acc[r][t]);
+                    if K::MINS {
+                        let mf = hsum_epi32(mv[r][t]) as f32;
+                        acc[r][t] = mf.mul_add(-(pre[r].dmin * dy[t]), acc[r][t]);
+                    }
+                }
+            }
         }
     }
-    out
+    acc
+}
+
+/// Sum of the 8 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The lane sums of four vectors: `[Σ v0, Σ v1, Σ v2, Σ v3]`.
+#[inline(always)]
+unsafe fn fold4(v: [__m256i; 4]) -> __m128i {
+    let s = rows4_sum(v);
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
 }
 
 /// `vpbroadcastd` of the i16 scale pair of chunk `C` from a row's scale table (see [`decode4_sm8`]): a
@@ -496,11 +521,16 @@ unsafe fn scale_min_bytes2(v: __m256i) -> __m256i {
 /// loop broadcasts from memory (a load, not a shuffle); the mins meet the activation block sums (summed
 /// per 32) in one `madd` per two rows; the four rows' integer sums are added pairwise into one vector
 /// before a single conversion to float.
+///
+/// # Safety
+/// Each `w[r]` must point to `nb` readable blocks of `K::WB` bytes and `a` to `nb` Q8_K blocks
+/// (`quant_rows` checks the slice lengths); every load below stays inside those blocks (the 16-byte
+/// loads at a block's start read `d`, `dmin` and the 12 scale bytes, within its first 16 bytes). The CPU
+/// must have AVX2, FMA and F16C.
 #[inline(always)]
 unsafe fn decode4_sm8<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
     let zero = _mm256_setzero_si256();
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = [_mm256_setzero_ps(); 2];
+    let mut acc = _mm_setzero_ps();
     // Per pair of rows: i16 scale pairs of chunks 0-3 (row 2i low lane, 2i+1 high lane), then 4-7.
     let mut tab = [[zero; 2]; 2];
     for b in 0..nb {
@@ -522,20 +552,22 @@ unsafe fn decode4_sm8<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: 
             _mm256_extracti128_si256::<1>(bs),
         );
         let q8s = _mm256_broadcastsi128_si256(q8s);
+        let mut corr = [zero; 2];
         for i in 0..2 {
             let sm = scale_min_bytes2(v[i]);
             let sc16 = _mm256_unpacklo_epi8(sm, zero);
             let mn16 = _mm256_unpackhi_epi8(sm, zero);
             tab[i][0] = _mm256_unpacklo_epi16(sc16, sc16);
             tab[i][1] = _mm256_unpackhi_epi16(sc16, sc16);
-            let dm = if i == 0 {
-                _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3))
-            } else {
-                _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(5, 5, 5, 5, 7, 7, 7, 7))
-            };
-            let corr = _mm256_madd_epi16(mn16, q8s);
-            accm[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(corr), dm, accm[i]);
+            corr[i] = _mm256_madd_epi16(mn16, q8s);
         }
+        // Σ min·bsum per row: [r0 ×4 | r1 ×4], [r2 ×4 | r3 ×4] → [r0, r1, r2, r3].
+        let h = _mm256_hadd_epi32(corr[0], corr[1]);
+        let h = _mm256_add_epi32(h, _mm256_shuffle_epi32::<0b10_11_00_01>(h));
+        let m4 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+            h,
+            _mm256_setr_epi32(0, 4, 2, 6, 0, 4, 2, 6),
+        ));
         let mut isum = [zero; 4];
         for r in 0..4 {
             // Row r's scale pairs: u32 0-3 (chunks 0-3) and 8-11 (chunks 4-7) from here.
@@ -552,16 +584,20 @@ unsafe fn decode4_sm8<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: 
             isum[r] = v;
         }
         let s = rows4_sum(isum);
-        let dv = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), dv, acc);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+            f,
+            _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
+        ));
+        let dm4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+            f,
+            _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7),
+        ));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d4, acc);
+        acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(m4), dm4, acc);
     }
-    let t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-    // accm[i]: row 2i in the low lane, 2i+1 in the high lane.
-    let h = _mm256_hadd_ps(accm[0], accm[1]);
-    let h = _mm256_hadd_ps(h, h);
-    let m = _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps::<1>(h));
     let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), _mm_sub_ps(t, m));
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
 }
 
@@ -603,11 +639,14 @@ unsafe fn s16_chunk<S: Simd, K: KFormat, const C: usize>(
 /// each row's scale vectors are made once and its offset correction (`offset·Σ scale·bsum`, Q3_K/Q6_K)
 /// starts its integer sum, or its mins term (Q2_K) is kept as integers; the four rows' sums are added
 /// pairwise into one vector before a single conversion to float.
+///
+/// # Safety
+/// As [`decode4_sm8`]; the u32 read at `K::DD_AT` ends at or before the block's end (Q6_K: bytes
+/// 206..210 of 210, Q3_K: 106..110 of 110, Q2_K: 80..84 of 84).
 #[inline(always)]
 unsafe fn decode4_s16<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
     let zero = _mm256_setzero_si256();
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+    let mut acc = _mm_setzero_ps();
     let dh = K::D_HI;
     let d_idx = _mm256_setr_epi32(dh, 2 + dh, 4 + dh, 6 + dh, dh, 2 + dh, 4 + dh, 6 + dh);
     for b in 0..nb {
@@ -642,16 +681,17 @@ unsafe fn decode4_s16<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: 
             v = s16_chunk::<S, K, 7>(v, p[r], ab, &pre);
             isum[r] = v;
         }
-        let dv = _mm256_permutevar8x32_ps(f, d_idx);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4_sum(isum)), dv, acc);
+        let dv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(f, d_idx));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum)), dv, acc);
         if K::MINS {
-            let mv = _mm256_permutevar8x32_ps(f, _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7));
-            accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(rows4_sum(mins)), mv, accm);
+            let mv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+                f,
+                _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7),
+            ));
+            acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(fold4(mins)), mv, acc);
         }
     }
-    let acc = _mm256_sub_ps(acc, accm);
-    let t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
     let mut out = [0f32; 4];
-    _mm_storeu_ps(out.as_mut_ptr(), t);
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
 }
