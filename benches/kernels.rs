@@ -3,6 +3,8 @@
 //! - `matvec/<type>/<isa>/<threads>t`: a 4096×4096 matrix times one activation row, in GB/s of weight
 //!   bytes (criterion's `bytes/s`). Several copies of the matrix (≥ 256 MiB in all) are used in turn so
 //!   the weights come from memory, not cache, as in decoding.
+//! - `matvec-hot/<type>/<isa>/1t`: the same with a single copy, multiplied again and again (the weights
+//!   stay in L2/L3 as far as they fit): the kernel's own speed, without the memory limit.
 //! - `gemm/<type>/<isa>/<threads>t`: the same matrix times 512 activation rows (32 for the scalar path),
 //!   reported as multiply-adds × 2 per second (criterion's `elem/s` = FLOP/s-equivalent).
 //! - `membw/<threads>t`: reading a 1 GiB buffer (sum of u64), the bandwidth the matvec figures compare to.
@@ -162,6 +164,26 @@ fn matvec(c: &mut Criterion) {
     }
 }
 
+fn matvec_hot(c: &mut Criterion) {
+    for ty in types() {
+        let w = matrix(ty);
+        let mut g = c.benchmark_group(format!("matvec-hot/{}", ty.name()));
+        g.throughput(Throughput::Bytes(w.len() as u64));
+        for k in kernels::available() {
+            let (q, f) = activations(k, ty, 1);
+            let p = pool(1);
+            let mut out = vec![0f32; N];
+            g.bench_function(BenchmarkId::new(k.isa.name(), "1t"), |b| {
+                b.iter(|| {
+                    p.install(|| run(k, ty, &w, &q, &f, 1, &mut out));
+                    black_box(&out);
+                })
+            });
+        }
+        g.finish();
+    }
+}
+
 fn gemm(c: &mut Criterion) {
     for ty in types() {
         let w = matrix(ty);
@@ -214,5 +236,5 @@ fn membw(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, membw, matvec, gemm);
+criterion_group!(benches, membw, matvec, matvec_hot, gemm);
 criterion_main!(benches);

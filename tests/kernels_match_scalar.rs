@@ -564,3 +564,35 @@ fn model_logits_same_with_every_isa() {
         }
     }
 }
+
+/// Decode (one token per call) and prefill (several tokens per call) give bit-identical outputs on every
+/// table: the model's batch-vs-step check relies on it, and the kernels use different tile shapes.
+#[test]
+fn decode_equals_prefill_bitwise() {
+    for k in tables() {
+        for (ti, ty) in QUANT_TYPES.into_iter().enumerate() {
+            let n = 3 * ty.block_size();
+            for (rows, n_tok) in [(9, 5), (8, 4), (5, 7)] {
+                let mut rng = Rng(ti as u64 * 31 + rows as u64);
+                let w = weight_rows(ty, rows, n, Fill::Random, &mut rng);
+                let x = activations(n_tok, n, &mut rng);
+                let qa = quantize_acts(ty, &x, n);
+                let ab = qa.len() / n_tok;
+                let mut batch = vec![0f32; rows * n_tok];
+                (k.quant_rows)(ty, &w, &qa, n_tok, &mut batch);
+                for t in 0..n_tok {
+                    let mut one = vec![0f32; rows];
+                    (k.quant_rows)(ty, &w, &qa[t * ab..(t + 1) * ab], 1, &mut one);
+                    for r in 0..rows {
+                        assert_eq!(
+                            batch[r * n_tok + t].to_bits(),
+                            one[r].to_bits(),
+                            "{} {ty} rows={rows} n_tok={n_tok} row {r} tok {t}",
+                            k.isa.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

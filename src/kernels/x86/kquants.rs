@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, hsum_ps, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
+use super::{f16_at, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
 
 /// Q8_K: f32 d, 256 quants, 16 i16 block sums.
 const AB: usize = 292;
@@ -29,6 +29,16 @@ struct Pre {
     corr: __m256i,
 }
 
+/// Which 4-rows × 1-token kernel a format uses for decode (other tile shapes use [`k_tile`]).
+#[derive(PartialEq, Eq)]
+enum Decode {
+    /// 8 scales + 8 mins in 12 bytes after `d`, `dmin` (Q4_K, Q5_K): [`decode4_sm8`].
+    ScaleMin8,
+    /// 16 scales of 16 elements (Q2_K, Q3_K, Q6_K): [`decode4_s16`]; `d` (and `dmin`) are the halves
+    /// of the u32 at `DD_AT`.
+    Scales16,
+}
+
 trait KFormat {
     const WB: usize;
     /// Formats with mins (`dmin`); otherwise `corr·bsums` is shifted left by `SHIFT` and subtracted from
@@ -37,6 +47,12 @@ trait KFormat {
     const SHIFT: i32;
     /// 16 scales of 16 elements (else 8 of 32).
     const SCALES16: bool;
+    /// The dedicated 4-row decode kernel this format uses, if any.
+    const DECODE: Decode;
+    /// Offset of a u32 inside the block holding `d` as its low (`D_HI == 0`) or high half; for formats
+    /// with mins, `dmin` is the high half.
+    const DD_AT: usize = 0;
+    const D_HI: i32 = 0;
     unsafe fn prepare(p: *const u8) -> Pre;
     /// Codes of chunk `c` (elements `32c..32c+32`).
     unsafe fn chunk(p: *const u8, c: usize) -> __m256i;
@@ -164,6 +180,7 @@ unsafe fn crumb_chunk(qs: *const u8, c: usize) -> __m256i {
 
 pub(crate) struct Q4K;
 impl KFormat for Q4K {
+    const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 144;
     const MINS: bool = true;
     const SHIFT: i32 = 0;
@@ -180,6 +197,7 @@ impl KFormat for Q4K {
 
 pub(crate) struct Q5K;
 impl KFormat for Q5K {
+    const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 176;
     const MINS: bool = true;
     const SHIFT: i32 = 0;
@@ -197,6 +215,9 @@ impl KFormat for Q5K {
 
 pub(crate) struct Q2K;
 impl KFormat for Q2K {
+    const DECODE: Decode = Decode::Scales16;
+    const DD_AT: usize = 80;
+    const D_HI: i32 = 0;
     const WB: usize = 84;
     const MINS: bool = true;
     const SHIFT: i32 = 0;
@@ -223,6 +244,9 @@ impl KFormat for Q2K {
 
 pub(crate) struct Q3K;
 impl KFormat for Q3K {
+    const DECODE: Decode = Decode::Scales16;
+    const DD_AT: usize = 106;
+    const D_HI: i32 = 1;
     const WB: usize = 110;
     const MINS: bool = false;
     const SHIFT: i32 = 2;
@@ -257,6 +281,9 @@ impl KFormat for Q3K {
 
 pub(crate) struct Q6K;
 impl KFormat for Q6K {
+    const DECODE: Decode = Decode::Scales16;
+    const DD_AT: usize = 206;
+    const D_HI: i32 = 1;
     const WB: usize = 210;
     const MINS: bool = false;
     const SHIFT: i32 = 5;
@@ -279,11 +306,16 @@ impl KFormat for Q6K {
         let l = loadu(p.add(64 * h + 32 * (j % 2)));
         let l = if j < 2 { l } else { _mm256_srli_epi16::<4>(l) };
         let l = _mm256_and_si256(l, _mm256_set1_epi8(0x0F));
-        let hb = _mm256_and_si256(
-            shr16(loadu(p.add(128 + 32 * h)), 2 * j),
-            _mm256_set1_epi8(3),
-        );
-        _mm256_or_si256(l, _mm256_slli_epi16::<4>(hb))
+        // Bits 2j, 2j+1 of qh moved to bits 4, 5: mask first, then one shift (none for j = 2).
+        let qh = loadu(p.add(128 + 32 * h));
+        let hb = _mm256_and_si256(qh, _mm256_set1_epi8((3u8 << (2 * j)) as i8));
+        let hb = match j {
+            0 => _mm256_slli_epi16::<4>(hb),
+            1 => _mm256_slli_epi16::<2>(hb),
+            2 => hb,
+            _ => _mm256_srli_epi16::<2>(hb),
+        };
+        _mm256_or_si256(l, hb)
     }
 }
 
@@ -298,6 +330,14 @@ macro_rules! ktile {
                 a: [*const u8; T],
                 nb: usize,
             ) -> [[f32; T]; R] {
+                if R == 4 && T == 1 && <$t as KFormat>::DECODE == Decode::ScaleMin8 {
+                    let r = decode4_sm8::<S, $t>(core::array::from_fn(|i| w[i]), a[0], nb);
+                    return core::array::from_fn(|i| [r[i]; T]);
+                }
+                if R == 4 && T == 1 && <$t as KFormat>::DECODE == Decode::Scales16 {
+                    let r = decode4_s16::<S, $t>(core::array::from_fn(|i| w[i]), a[0], nb);
+                    return core::array::from_fn(|i| [r[i]; T]);
+                }
                 k_tile::<S, $t, R, T>(w, a, nb)
             }
         }
@@ -312,7 +352,7 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
     nb: usize,
 ) -> [[f32; T]; R] {
     let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[0f32; T]; R];
     for b in 0..nb {
         let mut wb = [core::ptr::null::<u8>(); R];
         let mut pre = [Pre {
@@ -345,41 +385,313 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
                 }
             }
         }
+        // Per (row, token): the block's integer sum S (and mins sum M) folded to one i32, then
+        // acc = fma(S, d·dy, acc) [acc = fma(M, −dmin·dy, acc)]: the same float operations, in the same
+        // order, as the decode kernels, so that prefill and decode give bit-identical results.
+        let mut dy = [0f32; T];
+        let mut sv = [[zero; T]; R];
+        let mut mv = [[zero; T]; R];
         for t in 0..T {
-            let dy = read_f32(ab[t]);
+            dy[t] = read_f32(ab[t]);
             let bsums = loadu(ab[t].add(ABSUMS));
             for r in 0..R {
                 let corr = _mm256_madd_epi16(bsums, pre[r].corr);
                 if K::MINS {
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(isum[r][t]),
-                        _mm256_set1_ps(pre[r].d * dy),
-                        acc[r][t],
-                    );
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(corr),
-                        _mm256_set1_ps(-(pre[r].dmin * dy)),
-                        acc[r][t],
-                    );
+                    sv[r][t] = isum[r][t];
+                    mv[r][t] = corr;
                 } else {
-                    let i = _mm256_sub_epi32(
+                    sv[r][t] = _mm256_sub_epi32(
                         isum[r][t],
                         _mm256_sll_epi32(corr, _mm_cvtsi32_si128(K::SHIFT)),
-                    );
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(i),
-                        _mm256_set1_ps(pre[r].d * dy),
-                        acc[r][t],
                     );
                 }
             }
         }
-    }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = hsum_ps(acc[r][t]);
+        for r in 0..R {
+            if T == 4 {
+                let dyv = _mm_loadu_ps(dy.as_ptr());
+                let a = _mm_loadu_ps(acc[r].as_ptr());
+                let sf = _mm_cvtepi32_ps(fold4(core::array::from_fn(|t| sv[r][t])));
+                let mut a = _mm_fmadd_ps(sf, _mm_mul_ps(_mm_set1_ps(pre[r].d), dyv), a);
+                if K::MINS {
+                    let mf = _mm_cvtepi32_ps(fold4(core::array::from_fn(|t| mv[r][t])));
+                    a = _mm_fnmadd_ps(mf, _mm_mul_ps(_mm_set1_ps(pre[r].dmin), dyv), a);
+                }
+                _mm_storeu_ps(acc[r].as_mut_ptr(), a);
+            } else {
+                for t in 0..T {
+                    let sf = hsum_epi32(sv[r][t]) as f32;
+                    acc[r][t] = sf.mul_add(pre[r].d * dy[t], acc[r][t]);
+                    if K::MINS {
+                        let mf = hsum_epi32(mv[r][t]) as f32;
+                        acc[r][t] = mf.mul_add(-(pre[r].dmin * dy[t]), acc[r][t]);
+                    }
+                }
+            }
         }
     }
+    acc
+}
+
+/// Sum of the 8 i32 lanes.
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The lane sums of four vectors: `[Σ v0, Σ v1, Σ v2, Σ v3]`.
+#[inline(always)]
+unsafe fn fold4(v: [__m256i; 4]) -> __m128i {
+    let s = rows4_sum(v);
+    _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
+/// `vpbroadcastd` of the i16 scale pair of chunk `C` from a row's scale table (see [`decode4_sm8`]): a
+/// pure load (no shuffle µop; the compiler would otherwise turn it back into a register shuffle of the
+/// value it just stored), at a constant offset from `t`.
+///
+/// # Safety
+/// `t` must point into a table with at least `(C / 4) * 8 + C % 4 + 1` readable u32; the CPU must have
+/// AVX2.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn bcast_scale<const C: usize>(t: *const u32) -> __m256i {
+    let r: __m256i;
+    // SAFETY: the caller guarantees the 4 bytes at `t + 4·((C/4)·8 + C%4)` are readable; the
+    // instruction reads only those and writes only the output register.
+    unsafe {
+        core::arch::asm!(
+            "vpbroadcastd {r}, dword ptr [{t} + {o}]",
+            t = in(reg) t,
+            o = const ((C / 4) * 8 + C % 4) * 4,
+            r = lateout(ymm_reg) r,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    r
+}
+
+/// `isum + Σ scale·q·y` over chunk `C` of a Q4_K/Q5_K row.
+#[inline(always)]
+unsafe fn sm8_chunk<S: Simd, K: KFormat, const C: usize>(
+    isum: __m256i,
+    p: *const u8,
+    ab: *const u8,
+    t: *const u32,
+) -> __m256i {
+    S::dot_u8i8_s16(
+        isum,
+        K::chunk(p, C),
+        loadu(ab.add(AQS + 32 * C)),
+        bcast_scale::<C>(t),
+    )
+}
+
+/// Two 16-byte loads into the two 128-bit lanes.
+#[inline(always)]
+unsafe fn load2(lo: *const u8, hi: *const u8) -> __m256i {
+    _mm256_inserti128_si256::<1>(_mm256_castsi128_si256(loadu128(lo)), loadu128(hi))
+}
+
+/// Per 128-bit lane, the first 16 bytes of a Q4_K/Q5_K block (`d`, `dmin`, 12 scale bytes) → the bytes
+/// `[S0..S7, M0..M7]` (ggml's `kmask` arithmetic, on u32 lanes `[dd, u0, u1, u2]`).
+#[inline(always)]
+unsafe fn scale_min_bytes2(v: __m256i) -> __m256i {
+    // [u0, u1, ..] & 0x3f → [s0 (scales 0-3), m0 (mins 0-3)]
+    let a = _mm256_and_si256(
+        _mm256_shuffle_epi32::<0b00_00_10_01>(v),
+        _mm256_set1_epi32(0x3f3f_3f3f),
+    );
+    // [u2, u2 >> 4, u0 >> 2, u1 >> 2] masked: low nibbles and the two high bits of scales/mins 4-7.
+    let t = _mm256_srlv_epi32(
+        _mm256_shuffle_epi32::<0b10_01_11_11>(v),
+        _mm256_setr_epi32(0, 4, 2, 2, 0, 4, 2, 2),
+    );
+    let (k2, k3) = (0x0f0f_0f0f, 0x3030_3030);
+    let t = _mm256_and_si256(t, _mm256_setr_epi32(k2, k2, k3, k3, k2, k2, k3, k3));
+    let b = _mm256_or_si256(t, _mm256_shuffle_epi32::<0b00_00_11_10>(t));
+    _mm256_unpacklo_epi32(a, b)
+}
+
+/// One token × four Q4_K/Q5_K rows. Per block: the four rows' `d`/`dmin` are converted together; the
+/// scales of two rows at a time are unpacked in one register and stored as i16 pairs, which the chunk
+/// loop broadcasts from memory (a load, not a shuffle); the mins meet the activation block sums (summed
+/// per 32) in one `madd` per two rows; the four rows' integer sums are added pairwise into one vector
+/// before a single conversion to float.
+///
+/// # Safety
+/// Each `w[r]` must point to `nb` readable blocks of `K::WB` bytes and `a` to `nb` Q8_K blocks
+/// (`quant_rows` checks the slice lengths); every load below stays inside those blocks (the 16-byte
+/// loads at a block's start read `d`, `dmin` and the 12 scale bytes, within its first 16 bytes). The CPU
+/// must have AVX2, FMA and F16C.
+#[inline(always)]
+unsafe fn decode4_sm8<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
+    let zero = _mm256_setzero_si256();
+    let mut acc = _mm_setzero_ps();
+    // Per pair of rows: i16 scale pairs of chunks 0-3 (row 2i low lane, 2i+1 high lane), then 4-7.
+    let mut tab = [[zero; 2]; 2];
+    for b in 0..nb {
+        let p: [*const u8; 4] = core::array::from_fn(|r| w[r].add(b * K::WB));
+        let ab = a.add(b * AB);
+        let v = [load2(p[0], p[1]), load2(p[2], p[3])];
+        // [dd0, dd1, dd2, dd3] (f16 pairs d | dmin << 16) → [d0, m0, d1, m1, d2, m2, d3, m3] · dy.
+        let dd = _mm256_permutevar8x32_epi32(
+            _mm256_unpacklo_epi32(v[0], v[1]),
+            _mm256_setr_epi32(0, 4, 1, 5, 0, 4, 1, 5),
+        );
+        let f = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm256_castsi256_si128(dd)),
+            _mm256_set1_ps(read_f32(ab)),
+        );
+        let bs = loadu(ab.add(ABSUMS));
+        let q8s = _mm_hadd_epi16(
+            _mm256_castsi256_si128(bs),
+            _mm256_extracti128_si256::<1>(bs),
+        );
+        let q8s = _mm256_broadcastsi128_si256(q8s);
+        let mut corr = [zero; 2];
+        for i in 0..2 {
+            let sm = scale_min_bytes2(v[i]);
+            let sc16 = _mm256_unpacklo_epi8(sm, zero);
+            let mn16 = _mm256_unpackhi_epi8(sm, zero);
+            tab[i][0] = _mm256_unpacklo_epi16(sc16, sc16);
+            tab[i][1] = _mm256_unpackhi_epi16(sc16, sc16);
+            corr[i] = _mm256_madd_epi16(mn16, q8s);
+        }
+        // Σ min·bsum per row: [r0 ×4 | r1 ×4], [r2 ×4 | r3 ×4] → [r0, r1, r2, r3].
+        let h = _mm256_hadd_epi32(corr[0], corr[1]);
+        let h = _mm256_add_epi32(h, _mm256_shuffle_epi32::<0b10_11_00_01>(h));
+        let m4 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(
+            h,
+            _mm256_setr_epi32(0, 4, 2, 6, 0, 4, 2, 6),
+        ));
+        let mut isum = [zero; 4];
+        for r in 0..4 {
+            // Row r's scale pairs: u32 0-3 (chunks 0-3) and 8-11 (chunks 4-7) from here.
+            let t = (tab[r / 2].as_ptr() as *const u32).add((r % 2) * 4);
+            let mut v = zero;
+            v = sm8_chunk::<S, K, 0>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 1>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 2>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 3>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 4>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 5>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 6>(v, p[r], ab, t);
+            v = sm8_chunk::<S, K, 7>(v, p[r], ab, t);
+            isum[r] = v;
+        }
+        let s = rows4_sum(isum);
+        let s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+        let d4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+            f,
+            _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6),
+        ));
+        let dm4 = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+            f,
+            _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7),
+        ));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s4), d4, acc);
+        acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(m4), dm4, acc);
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
+    out
+}
+
+/// Adds the 8 lanes of each of four rows' vectors pairwise: `[r0, r1, r2, r3]` in each 128-bit lane (the
+/// two lanes' sums add to the rows' totals).
+#[inline(always)]
+unsafe fn rows4_sum(v: [__m256i; 4]) -> __m256i {
+    let s01 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(v[0], v[1]),
+        _mm256_unpackhi_epi32(v[0], v[1]),
+    );
+    let s23 = _mm256_add_epi32(
+        _mm256_unpacklo_epi32(v[2], v[3]),
+        _mm256_unpackhi_epi32(v[2], v[3]),
+    );
+    _mm256_add_epi32(
+        _mm256_unpacklo_epi64(s01, s23),
+        _mm256_unpackhi_epi64(s01, s23),
+    )
+}
+
+/// `isum + Σ scale·q·y` over chunk `C` of a 16-scale row.
+#[inline(always)]
+unsafe fn s16_chunk<S: Simd, K: KFormat, const C: usize>(
+    isum: __m256i,
+    p: *const u8,
+    ab: *const u8,
+    pre: &Pre,
+) -> __m256i {
+    S::dot_u8i8_s16(
+        isum,
+        K::chunk(p, C),
+        loadu(ab.add(AQS + 32 * C)),
+        chunk_scales::<K>(pre, C),
+    )
+}
+
+/// One token × four Q2_K/Q3_K/Q6_K rows. Per block: the four `d` (and `dmin`) are converted together;
+/// each row's scale vectors are made once and its offset correction (`offset·Σ scale·bsum`, Q3_K/Q6_K)
+/// starts its integer sum, or its mins term (Q2_K) is kept as integers; the four rows' sums are added
+/// pairwise into one vector before a single conversion to float.
+///
+/// # Safety
+/// As [`decode4_sm8`]; the u32 read at `K::DD_AT` ends at or before the block's end (Q6_K: bytes
+/// 206..210 of 210, Q3_K: 106..110 of 110, Q2_K: 80..84 of 84).
+#[inline(always)]
+unsafe fn decode4_s16<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
+    let zero = _mm256_setzero_si256();
+    let mut acc = _mm_setzero_ps();
+    let dh = K::D_HI;
+    let d_idx = _mm256_setr_epi32(dh, 2 + dh, 4 + dh, 6 + dh, dh, 2 + dh, 4 + dh, 6 + dh);
+    for b in 0..nb {
+        let p: [*const u8; 4] = core::array::from_fn(|r| w[r].add(b * K::WB));
+        let ab = a.add(b * AB);
+        let dd = _mm_setr_epi32(
+            read_u32(p[0].add(K::DD_AT)) as i32,
+            read_u32(p[1].add(K::DD_AT)) as i32,
+            read_u32(p[2].add(K::DD_AT)) as i32,
+            read_u32(p[3].add(K::DD_AT)) as i32,
+        );
+        let f = _mm256_mul_ps(_mm256_cvtph_ps(dd), _mm256_set1_ps(read_f32(ab)));
+        let bs = loadu(ab.add(ABSUMS));
+        let mut isum = [zero; 4];
+        let mut mins = [zero; 4];
+        for r in 0..4 {
+            let pre = K::prepare(p[r]);
+            let corr = _mm256_madd_epi16(bs, pre.corr);
+            let mut v = if K::MINS {
+                mins[r] = corr;
+                zero
+            } else {
+                _mm256_sub_epi32(zero, _mm256_sll_epi32(corr, _mm_cvtsi32_si128(K::SHIFT)))
+            };
+            v = s16_chunk::<S, K, 0>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 1>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 2>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 3>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 4>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 5>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 6>(v, p[r], ab, &pre);
+            v = s16_chunk::<S, K, 7>(v, p[r], ab, &pre);
+            isum[r] = v;
+        }
+        let dv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(f, d_idx));
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum)), dv, acc);
+        if K::MINS {
+            let mv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
+                f,
+                _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7),
+            ));
+            acc = _mm_fnmadd_ps(_mm_cvtepi32_ps(fold4(mins)), mv, acc);
+        }
+    }
+    let mut out = [0f32; 4];
+    _mm_storeu_ps(out.as_mut_ptr(), acc);
     out
 }
