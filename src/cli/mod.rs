@@ -1,5 +1,6 @@
 //! Subcommands, in llama.cpp's conventions where it has one.
 
+mod bench;
 mod convert;
 mod eval;
 mod inspect;
@@ -34,6 +35,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Quantize a GGUF file with llama-quantize's recipes
     Quantize(quantize::Args),
+    /// Prompt and generation speed like llama-bench, with peak RSS and the weight bandwidth of decoding
+    Bench(bench::Args),
     /// Perplexity of GGUF files on a text (like llama-perplexity), KL divergence between them, a table
     /// and a plot; --quantize-from makes the quantized variants first
     Perplexity(perplexity::Args),
@@ -49,5 +52,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenize(a) => tokenize::run(a),
         Command::Quantize(a) => quantize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }

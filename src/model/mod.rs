@@ -107,6 +107,22 @@ impl<'m> Session<'m> {
         self.n_ctx
     }
 
+    /// Heap bytes held by this sequence's state: (KV cache as allocated, recurrent conv + delta-rule
+    /// states). The KV cache grows with the tokens processed; the recurrent states are fixed.
+    pub fn state_bytes(&self) -> (usize, usize) {
+        fn bytes<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        let (mut kv, mut rec) = (0, 0);
+        for l in &self.layers {
+            match l {
+                LayerState::Attention(c) => kv += bytes(&c.k) + bytes(&c.v),
+                LayerState::DeltaNet(d) => rec += bytes(&d.conv) + bytes(&d.s),
+            }
+        }
+        (kv, rec)
+    }
+
     /// Feeds `tokens` (the continuation of the sequence) and returns logits for each: `[T × n_vocab]`.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.run(tokens, Logits::All, &mut |_, _, _| {})
