@@ -1,5 +1,6 @@
 //! deltaq: a CPU runtime for the Qwen3.5 small language models, from GGUF files.
 
+pub mod bench;
 pub mod chat;
 pub mod convert;
 pub mod generate;

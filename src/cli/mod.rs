@@ -1,5 +1,6 @@
 //! Subcommands, in llama.cpp's conventions where it has one.
 
+mod bench;
 mod convert;
 mod eval;
 mod inspect;
@@ -35,6 +36,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Quantize a GGUF file with llama-quantize's recipes
     Quantize(quantize::Args),
+    /// Prompt and generation speed like llama-bench, with peak RSS and the weight bandwidth of decoding
+    Bench(bench::Args),
     /// Perplexity of GGUF files on a text (like llama-perplexity), KL divergence between them, a table
     /// and a plot; --quantize-from makes the quantized variants first
     Perplexity(perplexity::Args),
@@ -53,5 +56,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Quantize(a) => quantize::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Bench(a) => bench::run(a),
     }
 }

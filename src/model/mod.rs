@@ -107,17 +107,27 @@ impl<'m> Session<'m> {
         self.n_ctx
     }
 
-    /// Bytes held by the state (KV cache, conv and recurrent states): what a snapshot costs.
+    /// Bytes held by the state (KV cache as allocated, conv and recurrent states): what a snapshot
+    /// costs.
     pub fn state_bytes(&self) -> usize {
-        let floats: usize = self
-            .layers
-            .iter()
-            .map(|l| match l {
-                LayerState::Attention(kv) => kv.k.len() + kv.v.len(),
-                LayerState::DeltaNet(ds) => ds.conv.len() + ds.s.len(),
-            })
-            .sum();
-        floats * std::mem::size_of::<f32>()
+        let (kv, rec) = self.state_parts();
+        kv + rec
+    }
+
+    /// [`Session::state_bytes`] split into (KV cache as allocated, recurrent conv + delta-rule states).
+    /// The KV cache grows with the tokens processed; the recurrent states are fixed.
+    pub fn state_parts(&self) -> (usize, usize) {
+        fn bytes<T>(v: &Vec<T>) -> usize {
+            v.capacity() * std::mem::size_of::<T>()
+        }
+        let (mut kv, mut rec) = (0, 0);
+        for l in &self.layers {
+            match l {
+                LayerState::Attention(c) => kv += bytes(&c.k) + bytes(&c.v),
+                LayerState::DeltaNet(d) => rec += bytes(&d.conv) + bytes(&d.s),
+            }
+        }
+        (kv, rec)
     }
 
     /// Feeds `tokens` (the continuation of the sequence) and returns logits for each: `[T × n_vocab]`.

@@ -1,0 +1,326 @@
+//! Speed and memory measurement as llama.cpp's `llama-bench` does it, so the two can be compared
+//! number for number (`deltaq bench`, `tools/bench-vs-llama.sh`).
+//!
+//! * A **pp** test processes an `n_prompt`-token prompt of random token ids from an empty state, in one
+//!   call (logits of the last position only); a **tg** test feeds `n_gen` random tokens one at a time
+//!   from an empty state, each with its logits. A test is repeated `reps` times after a warm-up run
+//!   (the whole prompt, or one generated token); the state is cleared outside the timed part.
+//! * Speed per repetition is tokens / seconds; the mean and the sample standard deviation are
+//!   llama-bench's `avg_ts` and `stddev_ts`, and the median is ours.
+//! * The bytes of weights read per decoded token are every tensor of the trunk, except that only one
+//!   row of the token-embedding table is read unless it doubles as the LM head (tied embeddings).
+//!   Divided by the time per token this gives the achieved weight bandwidth of decoding, to set
+//!   against [`read_bandwidth`], a streaming read over a buffer much larger than the caches.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use rayon::prelude::*;
+
+use crate::gguf::GgufFile;
+use crate::model::{Model, Session};
+
+/// What a test runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TestKind {
+    /// Prompt processing of `n` tokens.
+    Prompt(usize),
+    /// Generation of `n` tokens, one at a time.
+    Gen(usize),
+}
+
+impl TestKind {
+    /// `pp512` / `tg128`, as llama-bench names them.
+    pub fn name(self) -> String {
+        match self {
+            TestKind::Prompt(n) => format!("pp{n}"),
+            TestKind::Gen(n) => format!("tg{n}"),
+        }
+    }
+
+    pub fn n_tokens(self) -> usize {
+        match self {
+            TestKind::Prompt(n) | TestKind::Gen(n) => n,
+        }
+    }
+}
+
+/// The outcome of one test.
+#[derive(Clone, Debug)]
+pub struct TestResult {
+    pub kind: TestKind,
+    /// Wall time of each repetition.
+    pub samples_ns: Vec<u64>,
+    /// Bytes of the sequence state after a repetition: KV cache and recurrent (conv + delta-rule) state.
+    pub kv_bytes: usize,
+    pub recurrent_bytes: usize,
+}
+
+impl TestResult {
+    /// Tokens per second of each repetition.
+    pub fn samples_ts(&self) -> Vec<f64> {
+        let n = self.kind.n_tokens() as f64;
+        self.samples_ns
+            .iter()
+            .map(|&t| n * 1e9 / (t.max(1) as f64))
+            .collect()
+    }
+    pub fn avg_ts(&self) -> f64 {
+        mean(&self.samples_ts())
+    }
+    pub fn stddev_ts(&self) -> f64 {
+        stddev(&self.samples_ts())
+    }
+    pub fn median_ts(&self) -> f64 {
+        median(&self.samples_ts())
+    }
+    pub fn avg_ns(&self) -> f64 {
+        let v: Vec<f64> = self.samples_ns.iter().map(|&t| t as f64).collect();
+        mean(&v)
+    }
+    pub fn stddev_ns(&self) -> f64 {
+        let v: Vec<f64> = self.samples_ns.iter().map(|&t| t as f64).collect();
+        stddev(&v)
+    }
+}
+
+pub fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.iter().sum::<f64>() / v.len() as f64
+}
+
+/// The sample standard deviation (n − 1), 0 for fewer than two values (llama-bench's `stdev`).
+pub fn stddev(v: &[f64]) -> f64 {
+    if v.len() < 2 {
+        return 0.0;
+    }
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+}
+
+pub fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
+
+/// Random token ids (SplitMix64), like llama-bench's `rand() % n_vocab`.
+struct TokenRng(u64);
+
+impl TokenRng {
+    fn next(&mut self, n_vocab: usize) -> u32 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        (z % n_vocab as u64) as u32
+    }
+}
+
+/// Runs one test in the current rayon pool: `warmup` untimed run(s), then `reps` timed ones, each from
+/// an empty sequence of `n_ctx` tokens.
+pub fn run_test(
+    model: &Model,
+    kind: TestKind,
+    reps: usize,
+    n_ctx: usize,
+    warmup: bool,
+    seed: u64,
+) -> Result<TestResult> {
+    let n = kind.n_tokens();
+    if n == 0 {
+        bail!("a test needs at least one token");
+    }
+    if n > n_ctx {
+        bail!(
+            "{} needs a context of {n} tokens, but the context size is {n_ctx}",
+            kind.name()
+        );
+    }
+    let n_vocab = model.n_vocab();
+    let mut rng = TokenRng(seed);
+    let mut one = |timed: bool| -> Result<(u64, usize, usize)> {
+        let mut s = Session::new(model, Some(n_ctx));
+        let prompt: Vec<u32> = match kind {
+            TestKind::Prompt(n) => (0..n).map(|_| rng.next(n_vocab)).collect(),
+            TestKind::Gen(_) => Vec::new(),
+        };
+        let t0 = Instant::now();
+        match kind {
+            TestKind::Prompt(_) => {
+                s.forward_last(&prompt)?;
+            }
+            TestKind::Gen(n) => {
+                let n = if timed { n } else { 1 };
+                let mut tok = rng.next(n_vocab);
+                for _ in 0..n {
+                    s.forward_last(&[tok])?;
+                    tok = rng.next(n_vocab);
+                }
+            }
+        }
+        let ns = t0.elapsed().as_nanos() as u64;
+        let (kv, rec) = s.state_parts();
+        Ok((ns, kv, rec))
+    };
+    if warmup {
+        one(false)?;
+    }
+    let mut r = TestResult {
+        kind,
+        samples_ns: Vec::with_capacity(reps),
+        kv_bytes: 0,
+        recurrent_bytes: 0,
+    };
+    for _ in 0..reps {
+        let (ns, kv, rec) = one(true)?;
+        r.samples_ns.push(ns);
+        r.kv_bytes = kv;
+        r.recurrent_bytes = rec;
+    }
+    Ok(r)
+}
+
+/// Sizes of a model file, as llama-bench reports them and as decoding reads them.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightSizes {
+    /// Bytes of all tensors in the file (llama-bench's `model_size`).
+    pub file_tensor_bytes: u64,
+    /// Elements of all tensors in the file (`model_n_params`).
+    pub n_params: u64,
+    /// Bytes of weights one decoded token reads: every trunk tensor (not the MTP block), the token
+    /// embedding table only as one row unless it is also the LM head.
+    pub bytes_per_token: u64,
+}
+
+pub fn weight_sizes(f: &GgufFile, model: &Model) -> WeightSizes {
+    let n_layer = model.hp.n_layer;
+    let tied = f.tensor("output.weight").is_none();
+    let mut s = WeightSizes {
+        file_tensor_bytes: 0,
+        n_params: 0,
+        bytes_per_token: 0,
+    };
+    for t in f.tensors() {
+        s.file_tensor_bytes += t.nbytes;
+        s.n_params += t.n_elements();
+        let read = if t.name == "token_embd.weight" {
+            if tied {
+                t.nbytes
+            } else {
+                t.nbytes / t.n_rows().max(1)
+            }
+        } else if let Some(rest) = t.name.strip_prefix("blk.") {
+            let il = rest.split('.').next().and_then(|s| s.parse::<usize>().ok());
+            match il {
+                Some(il) if il < n_layer => t.nbytes,
+                _ => 0, // the MTP block: never read by plain decoding
+            }
+        } else if t.name.starts_with("output") {
+            t.nbytes
+        } else {
+            0
+        };
+        s.bytes_per_token += read;
+    }
+    s
+}
+
+/// Best read bandwidth in bytes/s of `passes` parallel streaming reads over a `bytes`-sized buffer,
+/// split evenly over the threads of the current rayon pool.
+pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
+    let n = (bytes / 8).max(1 << 12);
+    // Written once so every page is real memory, not the shared zero page.
+    let buf: Vec<u64> = (0..n as u64).collect();
+    let threads = rayon::current_num_threads().max(1);
+    let chunk = n.div_ceil(threads);
+    let mut best = 0f64;
+    for _ in 0..passes.max(1) {
+        let t0 = Instant::now();
+        let sum: u64 = buf
+            .par_chunks(chunk)
+            .map(sum_words)
+            .reduce(|| 0, u64::wrapping_add);
+        let secs = t0.elapsed().as_secs_f64();
+        std::hint::black_box(sum);
+        best = best.max((n * 8) as f64 / secs.max(1e-9));
+    }
+    best
+}
+
+/// Sum of the words with eight independent accumulators, which compilers vectorize: a read loop that
+/// is bound by memory, not by the adds.
+fn sum_words(v: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut it = v.chunks_exact(8);
+    for c in &mut it {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*x);
+        }
+    }
+    let tail = it.remainder().iter().fold(0u64, |a, x| a.wrapping_add(*x));
+    acc.iter().fold(tail, |a, x| a.wrapping_add(*x))
+}
+
+/// A `kB` field of `/proc/self/status` (e.g. `VmHWM`, the peak resident set), in bytes; `None` where
+/// the file does not exist (not Linux).
+pub fn proc_status_bytes(field: &str) -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    s.lines().find_map(|l| {
+        let rest = l.strip_prefix(field)?.strip_prefix(':')?;
+        let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kb * 1024)
+    })
+}
+
+/// Peak resident set size of this process so far (VmHWM), in bytes.
+pub fn peak_rss() -> Option<u64> {
+    proc_status_bytes("VmHWM")
+}
+
+/// The CPU's model name (`/proc/cpuinfo`), or the architecture.
+pub fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                matches!(k.trim(), "model name" | "Model" | "Hardware")
+                    .then(|| v.trim().to_string())
+            })
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statistics_like_llama_bench() {
+        let v = [10.0, 12.0, 11.0, 30.0];
+        assert_eq!(mean(&v), 15.75);
+        assert_eq!(median(&v), 11.5);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        let sd = stddev(&v);
+        assert!((sd - (272.75f64 / 3.0).sqrt()).abs() < 1e-9, "{sd}");
+        assert_eq!(stddev(&[5.0]), 0.0);
+    }
+
+    #[test]
+    fn bandwidth_is_positive_and_sums_are_exact() {
+        assert_eq!(sum_words(&(1..=20).collect::<Vec<u64>>()), 210);
+        assert!(read_bandwidth(1 << 20, 2) > 0.0);
+    }
+}

@@ -1,0 +1,111 @@
+//! `deltaq bench` on the bundled demo model: llama-bench's JSON fields, sane values, clear errors.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn deltaq(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_deltaq"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+const MODEL: &str = "models/tiny-kjv-Q8_0.gguf";
+
+#[test]
+fn json_has_llama_bench_fields_and_sane_values() {
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "32", "-n", "8", "-t", "1,2", "-r", "3", "--bw-mib", "32",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    // pp32 and tg8 for each thread count, pp first, as llama-bench orders them.
+    assert_eq!(lines.len(), 4, "{out}");
+    let tests: Vec<(u64, u64, u64)> = lines
+        .iter()
+        .map(|v| {
+            (
+                v["n_threads"].as_u64().unwrap(),
+                v["n_prompt"].as_u64().unwrap(),
+                v["n_gen"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(tests, [(1, 32, 0), (1, 0, 8), (2, 32, 0), (2, 0, 8)]);
+    for v in &lines {
+        let ts: Vec<f64> = v["samples_ts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect();
+        let ns = v["samples_ns"].as_array().unwrap();
+        assert_eq!((ts.len(), ns.len()), (3, 3), "{v}");
+        assert!(ts.iter().all(|&t| t.is_finite() && t > 0.0), "{v}");
+        let avg = v["avg_ts"].as_f64().unwrap();
+        let mean = ts.iter().sum::<f64>() / 3.0;
+        assert!((avg - mean).abs() <= 1e-9 * mean, "{v}");
+        let sd = v["stddev_ts"].as_f64().unwrap();
+        assert!(sd >= 0.0 && sd.is_finite(), "{v}");
+        let med = v["median_ts"].as_f64().unwrap();
+        let (lo, hi) = ts
+            .iter()
+            .fold((f64::MAX, 0f64), |(a, b), &t| (a.min(t), b.max(t)));
+        assert!(med >= lo && med <= hi, "{v}");
+        assert!(v["avg_ns"].as_u64().unwrap() > 0, "{v}");
+        assert_eq!(v["model_filename"], MODEL);
+        assert!(v["model_type"].as_str().unwrap().contains("Q8_0"), "{v}");
+        // Tied embeddings: the whole table is the LM head, so every tensor is read per token.
+        let size = v["model_size"].as_u64().unwrap();
+        assert_eq!(v["weight_bytes_per_token"].as_u64().unwrap(), size, "{v}");
+        assert!(v["peak_rss_bytes"].as_u64().unwrap() > 1 << 20, "{v}");
+        assert!(v["read_bw_gbps"].as_f64().unwrap() > 0.1, "{v}");
+        assert!(v["recurrent_state_bytes"].as_u64().unwrap() > 0, "{v}");
+        assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0, "{v}");
+        assert!(!v["isa"].as_str().unwrap().is_empty());
+        let tg = v["n_gen"].as_u64().unwrap() > 0;
+        assert_eq!(v["weight_gbps"].is_number(), tg, "{v}");
+        assert_eq!(v["bw_pct"].is_number(), tg, "{v}");
+        if tg {
+            let gbps = v["weight_gbps"].as_f64().unwrap();
+            assert!(
+                (gbps * 1e9 - size as f64 * med).abs() < 1e-6 * gbps * 1e9,
+                "{v}"
+            );
+        }
+    }
+}
+
+#[test]
+fn table_output_and_bad_arguments() {
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "16", "-n", "4", "-t", "1", "-r", "1", "--bw-mib", "16",
+    ]);
+    assert!(ok, "{err}");
+    let cells: Vec<&str> = out.split('|').map(str::trim).collect();
+    assert!(cells.contains(&"pp16") && cells.contains(&"tg4"), "{out}");
+    assert!(out.contains("read bandwidth"), "{out}");
+
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "-p", "64", "-n", "0", "-c", "32"]);
+    assert!(
+        !ok && err.contains("does not fit in the context size"),
+        "{err}"
+    );
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "-p", "0", "-n", "0"]);
+    assert!(!ok && err.contains("nothing to measure"), "{err}");
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "-t", "0"]);
+    assert!(!ok && err.contains("-t must be at least 1"), "{err}");
+    let (ok, _, err) = deltaq(&["bench", "-m", "no-such-file.gguf"]);
+    assert!(!ok && err.contains("no-such-file.gguf"), "{err}");
+}
