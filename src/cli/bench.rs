@@ -249,7 +249,7 @@ fn print_table(info: &FileInfo, sizes: &WeightSizes, rows: &[Row], bw: &[(usize,
         "% of read BW",
         "peak RSS",
     ];
-    let mut table: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
+    let mut table: Vec<Vec<String>> = Vec::new();
     for row in rows {
         let r = &row.r;
         let read_bw = bw
@@ -278,44 +278,7 @@ fn print_table(info: &FileInfo, sizes: &WeightSizes, rows: &[Row], bw: &[(usize,
             }),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            table
-                .iter()
-                .map(|r| r[c].chars().count())
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let numeric = |c: usize| c >= 4;
-    for (i, r) in table.iter().enumerate() {
-        let cells: Vec<String> = r
-            .iter()
-            .enumerate()
-            .map(|(c, s)| {
-                if numeric(c) {
-                    format!("{s:>w$}", w = widths[c])
-                } else {
-                    format!("{s:<w$}", w = widths[c])
-                }
-            })
-            .collect();
-        println!("| {} |", cells.join(" | "));
-        if i == 0 {
-            let rule: Vec<String> = widths
-                .iter()
-                .enumerate()
-                .map(|(c, &w)| {
-                    if numeric(c) {
-                        format!("{}:", "-".repeat(w + 1))
-                    } else {
-                        "-".repeat(w + 2)
-                    }
-                })
-                .collect();
-            println!("|{}|", rule.join("|"));
-        }
-    }
+    print!("{}", super::table::markdown(&header, &table, 4));
     println!();
     println!("cpu: {}", cpu_name());
     let bws: Vec<String> = bw

@@ -8,6 +8,7 @@ mod perplexity;
 mod quantize;
 mod run;
 mod serve;
+mod table;
 mod tensor;
 mod tokenize;
 

@@ -486,46 +486,5 @@ fn table(infos: &[FileInfo], scores: &[Scores], base: usize) -> String {
             format!("{:.0}", s.tokens_per_second()),
         ]);
     }
-    let widths: Vec<usize> = (0..header.len())
-        .map(|c| {
-            rows.iter()
-                .map(|r| r[c].chars().count())
-                .chain([header[c].chars().count()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let numeric = |c: usize| c >= 2;
-    let fmt_row = |cells: Vec<String>| {
-        let cells: Vec<String> = cells
-            .into_iter()
-            .enumerate()
-            .map(|(c, s)| {
-                let pad = widths[c] - s.chars().count();
-                if numeric(c) {
-                    format!("{}{s}", " ".repeat(pad))
-                } else {
-                    format!("{s}{}", " ".repeat(pad))
-                }
-            })
-            .collect();
-        format!("| {} |\n", cells.join(" | "))
-    };
-    let mut t = fmt_row(header.iter().map(|s| s.to_string()).collect());
-    let rule: Vec<String> = widths
-        .iter()
-        .enumerate()
-        .map(|(c, &w)| {
-            if numeric(c) {
-                format!("{}:", "-".repeat(w + 1))
-            } else {
-                "-".repeat(w + 2)
-            }
-        })
-        .collect();
-    t.push_str(&format!("|{}|\n", rule.join("|")));
-    for r in rows {
-        t.push_str(&fmt_row(r));
-    }
-    t
+    super::table::markdown(&header, &rows, 2)
 }
