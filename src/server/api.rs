@@ -665,6 +665,61 @@ fn sse_event(v: &Value) -> String {
 
 const SSE_DONE: &str = "data: [DONE]\n\n";
 
+/// The end of a stream that stopped without finishing: the error as an event, then `[DONE]`.
+fn sse_abort(e: ApiError) -> String {
+    sse_event(&e.body()) + SSE_DONE
+}
+
+/// The end of a finished stream: `last` (the chunk with the finish reason) with usage and timings,
+/// then, if the client asked for it (`stream_options.include_usage`), `usage_only` with no choices and
+/// the usage, then `[DONE]`.
+fn sse_finish(mut last: Value, mut usage_only: Value, d: &Done, include_usage: bool) -> String {
+    last["usage"] = usage_json(d);
+    last["timings"] = timings_json(d);
+    let mut out = sse_event(&last);
+    if include_usage {
+        usage_only["choices"] = json!([]);
+        usage_only["usage"] = usage_json(d);
+        out += &sse_event(&usage_only);
+    }
+    out + SSE_DONE
+}
+
+/// The error for an event that ends a generation other than `Done`: a failure, or the channel closing
+/// before `Done` arrived.
+fn ended_without_done(error: Option<String>) -> ApiError {
+    generation_failed(error.unwrap_or_else(|| "the generation ended early".into()))
+}
+
+/// What a stream sends for an event that ends it other than `Done`.
+fn sse_early_end(error: Option<String>) -> String {
+    sse_abort(ended_without_done(error))
+}
+
+/// A whole (non-streamed) generation: every text piece goes to `on_text`; returns `Done` and the
+/// log-probabilities of all tokens, or the error that ended it (a cancellation included).
+async fn collect(
+    rx: &mut UnboundedReceiver<Event>,
+    mut on_text: impl FnMut(String),
+) -> Result<(Done, Vec<TokenLogprob>), ApiError> {
+    let mut lps = Vec::new();
+    let done = loop {
+        match rx.recv().await {
+            Some(Event::Text { text, logprobs }) => {
+                on_text(text);
+                lps.extend(logprobs);
+            }
+            Some(Event::Done(d)) => break d,
+            Some(Event::Error(e)) => return Err(ended_without_done(Some(e))),
+            None => return Err(ended_without_done(None)),
+        }
+    };
+    if done.finish == Finish::Cancelled {
+        return Err(cancelled_error());
+    }
+    Ok((done, lps))
+}
+
 fn finish_reason(f: Finish, tool_calls: bool) -> &'static str {
     match (f, tool_calls) {
         (_, true) => "tool_calls",
@@ -791,21 +846,7 @@ async fn completion_whole(
     st: Arc<AppState>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
-    let mut lps = Vec::new();
-    let done = loop {
-        match rx.recv().await {
-            Some(Event::Text { text: t, logprobs }) => {
-                text.push_str(&t);
-                lps.extend(logprobs);
-            }
-            Some(Event::Done(d)) => break d,
-            Some(Event::Error(e)) => return Err(generation_failed(e)),
-            None => return Err(generation_failed("the generation ended early".into())),
-        }
-    };
-    if done.finish == Finish::Cancelled {
-        return Err(cancelled_error());
-    }
+    let (done, lps) = collect(&mut rx, |t| text.push_str(&t)).await?;
     let mut offset = 0;
     let logprobs = if lps.is_empty() {
         Value::Null
@@ -875,28 +916,20 @@ fn completion_stream(
             Some(Event::Done(d)) => {
                 s.ended = true;
                 if d.finish == Finish::Cancelled {
-                    sse_event(&cancelled_error().body()) + SSE_DONE
+                    sse_abort(cancelled_error())
                 } else {
-                    let mut c = chunk(&s, "", Value::Null, json!(finish_reason(d.finish, false)));
-                    c["usage"] = usage_json(&d);
-                    c["timings"] = timings_json(&d);
-                    let mut out = sse_event(&c);
-                    if s.include_usage {
-                        let mut u = chunk(&s, "", Value::Null, Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage_json(&d);
-                        out += &sse_event(&u);
-                    }
-                    out + SSE_DONE
+                    let last = chunk(&s, "", Value::Null, json!(finish_reason(d.finish, false)));
+                    let usage_only = chunk(&s, "", Value::Null, Value::Null);
+                    sse_finish(last, usage_only, &d, s.include_usage)
                 }
             }
             Some(Event::Error(e)) => {
                 s.ended = true;
-                sse_event(&generation_failed(e).body()) + SSE_DONE
+                sse_early_end(Some(e))
             }
             None => {
                 s.ended = true;
-                sse_event(&generation_failed("the generation ended early".into()).body()) + SSE_DONE
+                sse_early_end(None)
             }
         };
         Some((out, s))
@@ -1219,7 +1252,6 @@ async fn chat_whole(
 ) -> Result<Response, ApiError> {
     let mut content = String::new();
     let mut reasoning = String::new();
-    let mut lps = Vec::new();
     let mut take = |ds: Vec<Delta>| {
         for d in ds {
             match d {
@@ -1228,20 +1260,7 @@ async fn chat_whole(
             }
         }
     };
-    let done = loop {
-        match rx.recv().await {
-            Some(Event::Text { text, logprobs }) => {
-                take(split.push(&text));
-                lps.extend(logprobs);
-            }
-            Some(Event::Done(d)) => break d,
-            Some(Event::Error(e)) => return Err(generation_failed(e)),
-            None => return Err(generation_failed("the generation ended early".into())),
-        }
-    };
-    if done.finish == Finish::Cancelled {
-        return Err(cancelled_error());
-    }
+    let (done, lps) = collect(&mut rx, |text| take(split.push(&text))).await?;
     let (rest, calls) = split.finish();
     take(rest);
     let mut message = json!({"role": "assistant", "content": content});
@@ -1364,7 +1383,7 @@ fn chat_stream(
                 Some(Event::Done(d)) => {
                     s.ended = true;
                     if d.finish == Finish::Cancelled {
-                        out += &(sse_event(&cancelled_error().body()) + SSE_DONE);
+                        out += &sse_abort(cancelled_error());
                         return Some((out, s));
                     }
                     let (rest, calls) = s.split.finish();
@@ -1382,34 +1401,24 @@ fn chat_stream(
                             Value::Null,
                         ));
                     }
-                    let mut c = chunk(
+                    let last = chunk(
                         &s,
                         json!({}),
                         Value::Null,
                         json!(finish_reason(d.finish, !calls.is_empty())),
                     );
-                    c["usage"] = usage_json(&d);
-                    c["timings"] = timings_json(&d);
-                    out += &sse_event(&c);
-                    if s.include_usage {
-                        let mut u = chunk(&s, json!({}), Value::Null, Value::Null);
-                        u["choices"] = json!([]);
-                        u["usage"] = usage_json(&d);
-                        out += &sse_event(&u);
-                    }
-                    out += SSE_DONE;
+                    let usage_only = chunk(&s, json!({}), Value::Null, Value::Null);
+                    out += &sse_finish(last, usage_only, &d, s.include_usage);
                     return Some((out, s));
                 }
                 Some(Event::Error(e)) => {
                     s.ended = true;
-                    out += &(sse_event(&generation_failed(e).body()) + SSE_DONE);
+                    out += &sse_early_end(Some(e));
                     return Some((out, s));
                 }
                 None => {
                     s.ended = true;
-                    out += &(sse_event(
-                        &generation_failed("the generation ended early".into()).body(),
-                    ) + SSE_DONE);
+                    out += &sse_early_end(None);
                     return Some((out, s));
                 }
             }
