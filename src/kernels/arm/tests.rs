@@ -6,18 +6,7 @@ use super::*;
 use crate::kernels::scalar;
 use crate::quant::{self, f16_from_f32};
 
-const QUANT_TYPES: [GgmlType; 10] = [
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const QUANT_TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
