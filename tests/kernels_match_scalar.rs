@@ -572,7 +572,7 @@ fn decode_equals_prefill_bitwise() {
     for k in tables() {
         for (ti, ty) in QUANT_TYPES.into_iter().enumerate() {
             let n = 3 * ty.block_size();
-            for (rows, n_tok) in [(9, 5), (8, 4), (5, 7)] {
+            for (rows, n_tok) in [(9, 5), (8, 4), (5, 7), (9, 17), (3, 16)] {
                 let mut rng = Rng(ti as u64 * 31 + rows as u64);
                 let w = weight_rows(ty, rows, n, Fill::Random, &mut rng);
                 let x = activations(n_tok, n, &mut rng);

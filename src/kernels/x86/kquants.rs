@@ -418,6 +418,18 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
                     a = _mm_fnmadd_ps(mf, _mm_mul_ps(_mm_set1_ps(pre[r].dmin), dyv), a);
                 }
                 _mm_storeu_ps(acc[r].as_mut_ptr(), a);
+            } else if T == 8 {
+                // The same per-token operations as below, eight tokens per vector: the eight sums are
+                // folded together (one transpose-add) instead of one horizontal sum each.
+                let dyv = _mm256_loadu_ps(dy.as_ptr());
+                let a = _mm256_loadu_ps(acc[r].as_ptr());
+                let sf = _mm256_cvtepi32_ps(fold8(core::array::from_fn(|t| sv[r][t])));
+                let mut a = _mm256_fmadd_ps(sf, _mm256_mul_ps(_mm256_set1_ps(pre[r].d), dyv), a);
+                if K::MINS {
+                    let mf = _mm256_cvtepi32_ps(fold8(core::array::from_fn(|t| mv[r][t])));
+                    a = _mm256_fnmadd_ps(mf, _mm256_mul_ps(_mm256_set1_ps(pre[r].dmin), dyv), a);
+                }
+                _mm256_storeu_ps(acc[r].as_mut_ptr(), a);
             } else {
                 for t in 0..T {
                     let sf = hsum_epi32(sv[r][t]) as f32;
@@ -447,6 +459,17 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 unsafe fn fold4(v: [__m256i; 4]) -> __m128i {
     let s = rows4_sum(v);
     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
+}
+
+/// The lane sums of eight vectors: `[Σ v0, Σ v1, …, Σ v7]`.
+#[inline(always)]
+unsafe fn fold8(v: [__m256i; 8]) -> __m256i {
+    let s0 = rows4_sum([v[0], v[1], v[2], v[3]]);
+    let s1 = rows4_sum([v[4], v[5], v[6], v[7]]);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(s0, s1),
+        _mm256_permute2x128_si256::<0x31>(s0, s1),
+    )
 }
 
 /// `vpbroadcastd` of the i16 scale pair of chunk `C` from a row's scale table (see [`decode4_sm8`]): a
