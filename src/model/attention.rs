@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use super::for_rows;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use crate::kernels::attend::attend;
@@ -53,22 +54,26 @@ pub fn forward(
     );
     let mut q = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
     let mut gate = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
-    for (t, qg) in qg.chunks_exact(2 * nh * hd).enumerate() {
-        for j in 0..nh {
-            let src = &qg[2 * hd * j..2 * hd * (j + 1)];
-            let dst = &mut q[(t * nh + j) * hd..][..hd];
-            dst.copy_from_slice(&src[..hd]);
+    for_rows(&mut q, nh * hd, |t, q| {
+        let qg = &qg[t * 2 * nh * hd..][..2 * nh * hd];
+        for (j, dst) in q.chunks_exact_mut(hd).enumerate() {
+            dst.copy_from_slice(&qg[2 * hd * j..][..hd]);
             rms_norm(dst, &w.q_norm, hp.rms_eps);
             rope_neox(dst, pos0 + t, hp.n_rot, hp.rope_base);
-            gate[(t * nh + j) * hd..][..hd].copy_from_slice(&src[hd..]);
         }
-    }
-    for (t, k) in k.chunks_exact_mut(nkv * hd).enumerate() {
+    });
+    for_rows(&mut gate, nh * hd, |t, g| {
+        let qg = &qg[t * 2 * nh * hd..][..2 * nh * hd];
+        for (j, dst) in g.chunks_exact_mut(hd).enumerate() {
+            dst.copy_from_slice(&qg[2 * hd * j + hd..][..hd]);
+        }
+    });
+    for_rows(&mut k, nkv * hd, |t, k| {
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
             rope_neox(k, pos0 + t, hp.n_rot, hp.rope_base);
         }
-    }
+    });
     cache.k.extend_from_slice(&k);
     cache.v.extend_from_slice(&v);
 
@@ -85,9 +90,11 @@ pub fn forward(
         let n_ctx = pos0 + t + 1;
         attend(q, &kc[m * hd..], &vc[m * hd..], kv_stride, n_ctx, scale, o);
     });
-    for (o, g) in o.iter_mut().zip(&gate) {
-        *o *= sigmoid(*g);
-    }
+    for_rows(&mut o, nh * hd, |t, o| {
+        for (o, g) in o.iter_mut().zip(&gate[t * nh * hd..][..nh * hd]) {
+            *o *= sigmoid(*g);
+        }
+    });
     matmul(&w.wo, &o, n_tok, out);
 }
 

@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+use super::for_rows;
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
 use crate::kernels::fgemm::{gemm, transpose};
@@ -75,19 +76,22 @@ pub fn forward(
     let mut k = vec![0f32; n_tok * nq];
     let mut v = vec![0f32; n_tok * nv];
     let q_scale = 1.0 / (dk as f32).sqrt();
-    for t in 0..n_tok {
-        let yt = &y[t * c..(t + 1) * c];
-        q[t * nq..][..nq].copy_from_slice(&yt[..nq]);
-        k[t * nq..][..nq].copy_from_slice(&yt[nq..2 * nq]);
-        v[t * nv..][..nv].copy_from_slice(&yt[2 * nq..]);
-    }
-    for h in q.chunks_exact_mut(dk) {
-        l2_norm(h, hp.rms_eps);
-        h.iter_mut().for_each(|x| *x *= q_scale);
-    }
-    for h in k.chunks_exact_mut(dk) {
-        l2_norm(h, hp.rms_eps);
-    }
+    for_rows(&mut q, nq, |t, q| {
+        q.copy_from_slice(&y[t * c..][..nq]);
+        for h in q.chunks_exact_mut(dk) {
+            l2_norm(h, hp.rms_eps);
+            h.iter_mut().for_each(|x| *x *= q_scale);
+        }
+    });
+    for_rows(&mut k, nq, |t, k| {
+        k.copy_from_slice(&y[t * c + nq..][..nq]);
+        for h in k.chunks_exact_mut(dk) {
+            l2_norm(h, hp.rms_eps);
+        }
+    });
+    for_rows(&mut v, nv, |t, v| {
+        v.copy_from_slice(&y[t * c + 2 * nq..][..nv])
+    });
 
     // β = σ(b); log-decay g = A · softplus(α + dt_bias) ≤ 0. Both [T × Hv].
     let beta: Vec<f32> = b.iter().map(|&x| sigmoid(x)).collect();
@@ -131,16 +135,15 @@ pub fn forward(
 
     // Gated RMSNorm per head: RMSNorm(o_h; ssm_norm) ⊙ silu(z_h), back in token-major order [T × Hv·dv].
     let mut n = vec![0f32; n_tok * nv];
-    for t in 0..n_tok {
-        for h in 0..hv {
-            let dst = &mut n[t * nv + h * dv..][..dv];
+    for_rows(&mut n, nv, |t, n| {
+        for (h, dst) in n.chunks_exact_mut(dv).enumerate() {
             dst.copy_from_slice(&o_heads[(h * n_tok + t) * dv..][..dv]);
             rms_norm(dst, &w.norm, hp.rms_eps);
             for (x, z) in dst.iter_mut().zip(&z[t * nv + h * dv..][..dv]) {
                 *x *= silu(*z);
             }
         }
-    }
+    });
     matmul(&w.wout, &n, n_tok, out);
 }
 
@@ -164,7 +167,7 @@ fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) 
         }
     }
     let mut y = vec![0f32; n_tok * c];
-    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+    for_rows(&mut y, c, |t, yt| {
         for j in 0..kk {
             let (w, x) = (&taps[j * c..][..c], &win[(t + j) * c..][..c]);
             for ((y, w), x) in yt.iter_mut().zip(w).zip(x) {
@@ -172,7 +175,7 @@ fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) 
             }
         }
         yt.iter_mut().for_each(|v| *v = silu(*v));
-    }
+    });
     for ch in 0..c {
         for i in 0..ks {
             state[ch * ks + i] = win[(n_tok + i) * c + ch];

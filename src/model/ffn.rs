@@ -1,5 +1,6 @@
 //! SwiGLU feed-forward: `W_down · (silu(W_gate · f) ⊙ (W_up · f))`.
 
+use super::for_rows;
 use super::weights::LayerWeights;
 use crate::kernels::ops::silu;
 use crate::kernels::{matmul, matmuls};
@@ -14,8 +15,10 @@ pub fn forward(w: &LayerWeights, f: &[f32], n_tok: usize, out: &mut [f32]) {
         n_tok,
         &mut [(&w.ffn_gate, &mut gate), (&w.ffn_up, &mut up)],
     );
-    for (g, u) in gate.iter_mut().zip(&up) {
-        *g = silu(*g) * u;
-    }
+    for_rows(&mut gate, ff, |t, g| {
+        for (g, u) in g.iter_mut().zip(&up[t * ff..][..ff]) {
+            *g = silu(*g) * u;
+        }
+    });
     matmul(&w.ffn_down, &gate, n_tok, out);
 }

@@ -18,6 +18,7 @@ pub mod hparams;
 pub mod weights;
 
 use anyhow::{bail, Result};
+use rayon::prelude::*;
 
 pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
@@ -216,10 +217,10 @@ impl<'m> Session<'m> {
                 }
                 _ => unreachable!("layer states are built from the same layer kinds"),
             }
-            add(&mut x, &m);
+            add(&mut x, &m, d);
             norm_rows(&x, &lw.post_norm, hp.rms_eps, &mut a);
             ffn::forward(lw, &a, n_tok, &mut m);
-            add(&mut x, &m);
+            add(&mut x, &m, d);
             observe(il, pos0, &x);
         }
         self.pos += n_tok;
@@ -238,15 +239,35 @@ impl<'m> Session<'m> {
     }
 }
 
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    out.copy_from_slice(x);
-    for row in out.chunks_exact_mut(w.len()) {
-        rms_norm(row, w, eps);
+/// Runs `f(t, row)` for every row `t` of `x` (`[n × len]`): in parallel when there are several rows (a
+/// prompt), inline for one (decode, where a fork/join would cost more than the row).
+pub(crate) fn for_rows<T: Send>(
+    x: &mut [T],
+    len: usize,
+    f: impl Fn(usize, &mut [T]) + Sync + Send,
+) {
+    if x.len() <= len {
+        x.chunks_exact_mut(len)
+            .enumerate()
+            .for_each(|(t, r)| f(t, r));
+    } else {
+        x.par_chunks_mut(len).enumerate().for_each(|(t, r)| f(t, r));
     }
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
-    for (x, y) in x.iter_mut().zip(y) {
-        *x += y;
-    }
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for_rows(out, d, |t, row| {
+        row.copy_from_slice(&x[t * d..][..d]);
+        rms_norm(row, w, eps);
+    });
+}
+
+/// `x += y` for `[T × d]` rows.
+fn add(x: &mut [f32], y: &[f32], d: usize) {
+    for_rows(x, d, |t, row| {
+        for (x, y) in row.iter_mut().zip(&y[t * d..][..d]) {
+            *x += y;
+        }
+    });
 }
