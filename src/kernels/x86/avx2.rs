@@ -56,7 +56,7 @@ entries! {
     q3_k => Q3K, 4, 2, 4;
     q4_k => Q4K, 4, 1, 8;
     q5_k => Q5K, 4, 2, 4;
-    q6_k => Q6K, 4, 2, 4;
+    q6_k => Q6K, 4, 1, 8;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
