@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 use rayon::prelude::*;
 
 use crate::gguf::GgufFile;
-use crate::model::{Model, Session};
+use crate::model::{KvType, Model, Session};
 
 /// What a test runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,16 +128,29 @@ impl TokenRng {
     }
 }
 
+/// How a test runs besides its kind.
+#[derive(Clone, Copy, Debug)]
+pub struct TestSetup {
+    pub reps: usize,
+    /// Context size of each repetition's sequence.
+    pub n_ctx: usize,
+    pub kv_type: KvType,
+    /// One untimed run first.
+    pub warmup: bool,
+    /// Seed of the random token ids.
+    pub seed: u64,
+}
+
 /// Runs one test in the current rayon pool: `warmup` untimed run(s), then `reps` timed ones, each from
 /// an empty sequence of `n_ctx` tokens.
-pub fn run_test(
-    model: &Model,
-    kind: TestKind,
-    reps: usize,
-    n_ctx: usize,
-    warmup: bool,
-    seed: u64,
-) -> Result<TestResult> {
+pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<TestResult> {
+    let &TestSetup {
+        reps,
+        n_ctx,
+        kv_type,
+        warmup,
+        seed,
+    } = setup;
     let n = kind.n_tokens();
     if n == 0 {
         bail!("a test needs at least one token");
@@ -151,7 +164,7 @@ pub fn run_test(
     let n_vocab = model.n_vocab();
     let mut rng = TokenRng(seed);
     let mut one = |timed: bool| -> Result<(u64, usize, usize)> {
-        let mut s = Session::new(model, Some(n_ctx));
+        let mut s = Session::with_kv_type(model, Some(n_ctx), kv_type);
         let prompt: Vec<u32> = match kind {
             TestKind::Prompt(n) => (0..n).map(|_| rng.next(n_vocab)).collect(),
             TestKind::Gen(_) => Vec::new(),

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
-use crate::model::{Model, Session};
+use crate::model::{KvType, Model, Session};
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -111,6 +111,8 @@ pub struct Chat<'m> {
     template: ChatTemplate,
     pub messages: Vec<ChatMessage>,
     pub enable_thinking: Option<bool>,
+    /// KV cache element type of the chat's sessions (set before the first turn).
+    pub kv_type: KvType,
     cached: Option<(Vec<u32>, Session<'m>)>,
 }
 
@@ -122,6 +124,7 @@ impl<'m> Chat<'m> {
             template,
             messages: Vec::new(),
             enable_thinking: None,
+            kv_type: KvType::default(),
             cached: None,
         }
     }
@@ -157,7 +160,7 @@ impl<'m> Chat<'m> {
                 s
             }
             _ => {
-                let mut s = Session::new(self.model, self.n_ctx);
+                let mut s = Session::with_kv_type(self.model, self.n_ctx, self.kv_type);
                 if !hist.is_empty() {
                     s.feed(&hist)?;
                 }

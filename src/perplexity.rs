@@ -18,7 +18,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use rayon::prelude::*;
 
-use crate::model::{Model, Session};
+use crate::model::{KvType, Model, Session};
 use crate::tokenizer::Tokenizer;
 
 /// How the text is cut and evaluated.
@@ -31,6 +31,8 @@ pub struct Options {
     pub n_batch: usize,
     /// Evaluate at most this many windows (`None`: all).
     pub max_chunks: Option<usize>,
+    /// Element type of the KV cache.
+    pub kv_type: KvType,
 }
 
 impl Default for Options {
@@ -39,11 +41,12 @@ impl Default for Options {
             n_ctx: 512,
             n_batch: 512,
             max_chunks: None,
+            kv_type: KvType::default(),
         }
     }
 }
 
-/// The windows a token sequence is cut into.
+/// The windows a token sequence is cut into, and the KV cache they are evaluated with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Plan {
     pub n_ctx: usize,
@@ -52,6 +55,7 @@ pub struct Plan {
     pub n_chunk: usize,
     /// First scored logit position of a window (`n_ctx / 2`).
     pub first: usize,
+    pub kv_type: KvType,
 }
 
 impl Plan {
@@ -85,6 +89,7 @@ impl Plan {
             n_batch: opts.n_batch.min(opts.n_ctx),
             n_chunk,
             first: opts.n_ctx / 2,
+            kv_type: opts.kv_type,
         })
     }
 
@@ -324,7 +329,7 @@ pub fn eval_window(model: &Model, window: &[u32], plan: &Plan) -> Result<(Vec<f3
     debug_assert_eq!(window.len(), plan.n_ctx);
     let n_vocab = model.n_vocab();
     let last = plan.n_ctx - 1; // the last position's logits predict past the window: not needed
-    let mut s = Session::new(model, Some(plan.n_ctx));
+    let mut s = Session::with_kv_type(model, Some(plan.n_ctx), plan.kv_type);
     let mut out = Vec::with_capacity(plan.n_scored() * n_vocab);
     let t0 = Instant::now();
     let mut pos = 0;
@@ -826,6 +831,7 @@ mod tests {
             n_ctx: 512,
             n_batch: 512,
             max_chunks: None,
+            kv_type: KvType::F16,
         };
         let e = Plan::new(1000, &o).unwrap_err().to_string();
         assert!(e.contains("1024"), "{e}");

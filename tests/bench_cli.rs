@@ -109,3 +109,35 @@ fn table_output_and_bad_arguments() {
     let (ok, _, err) = deltaq(&["bench", "-m", "no-such-file.gguf"]);
     assert!(!ok && err.contains("no-such-file.gguf"), "{err}");
 }
+
+/// `--kv-type`: llama-bench's `type_k`/`type_v` fields follow it, the F32 cache is twice the F16 one
+/// (the default), and an unknown type is refused with the choices.
+#[test]
+fn kv_type_flag() {
+    let kv_bytes = |kv: Option<&str>| -> (String, u64) {
+        let mut args = vec![
+            "bench", "-m", MODEL, "-p", "40", "-n", "0", "-r", "1", "--bw-mib", "16", "--json",
+        ];
+        if let Some(kv) = kv {
+            args.extend(["--kv-type", kv]);
+        }
+        let (ok, out, err) = deltaq(&args);
+        assert!(ok, "{err}");
+        let v: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+        assert_eq!(v["type_k"], v["type_v"], "{v}");
+        (
+            v["type_k"].as_str().unwrap().to_string(),
+            v["kv_cache_bytes"].as_u64().unwrap(),
+        )
+    };
+    let (t16, b16) = kv_bytes(None);
+    let (t32, b32) = kv_bytes(Some("f32"));
+    assert_eq!((t16.as_str(), t32.as_str()), ("f16", "f32"));
+    assert!(b16 > 0 && b32 == 2 * b16, "f16 {b16} B, f32 {b32} B");
+    assert_eq!(kv_bytes(Some("F16")), (t16, b16));
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "--kv-type", "q8_0"]);
+    assert!(
+        !ok && err.contains("unknown KV cache type 'q8_0'") && err.contains("f16, f32"),
+        "{err}"
+    );
+}

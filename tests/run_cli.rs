@@ -100,6 +100,31 @@ fn greedy_generation_is_deterministic_and_seeded_sampling_repeats() {
     assert_eq!(c, d);
 }
 
+/// `--kv-type f32` (the exact cache) generates deterministically too; an unknown type is refused.
+#[test]
+fn kv_type_f32_runs() {
+    let run = || {
+        deltaq(&[
+            "run",
+            "--raw",
+            "-p",
+            "In the beginning",
+            "-n",
+            "12",
+            "--temp",
+            "0",
+            "--kv-type",
+            "f32",
+        ])
+    };
+    let (ok, a, err) = run();
+    assert!(ok, "{err}");
+    assert!(a.len() > "In the beginning".len(), "{a}");
+    assert_eq!(a, run().1);
+    let (ok, _, err) = deltaq(&["run", "-p", "x", "--kv-type", "bf16"]);
+    assert!(!ok && err.contains("unknown KV cache type"), "{err}");
+}
+
 #[test]
 fn chat_without_thinking_has_no_think_block() {
     let (ok, out, err) = deltaq(&[

@@ -193,6 +193,7 @@ fn endpoints_chat_completions_and_cache() {
     let h = s.health();
     assert_eq!(h["status"], "ok");
     assert_eq!(h["slots"]["total"], 2);
+    assert_eq!(h["kv_type"], "f16", "the default KV cache type");
     let (st, m) = s.get("/v1/models");
     assert_eq!(st, 200);
     assert_eq!(m["data"][0]["id"], "tiny-kjv-Q8_0");

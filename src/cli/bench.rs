@@ -5,11 +5,12 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use deltaq::bench::{
-    cpu_name, peak_rss, read_bandwidth, run_test, weight_sizes, TestKind, TestResult, WeightSizes,
+    cpu_name, peak_rss, read_bandwidth, run_test, weight_sizes, TestKind, TestResult, TestSetup,
+    WeightSizes,
 };
 use deltaq::gguf::GgufFile;
 use deltaq::kernels::kernels;
-use deltaq::model::{Model, UBATCH};
+use deltaq::model::{KvType, Model, UBATCH};
 use deltaq::quantize::FileType;
 
 #[derive(clap::Args)]
@@ -54,6 +55,9 @@ pub struct Args {
     /// Seed of the random token ids
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
 }
 
 /// One test's row, with what is known only at the end (bandwidth).
@@ -121,7 +125,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 a.reps
             );
             let test_time = utc_now();
-            let r = pool.install(|| run_test(&model, kind, a.reps, n_ctx, !a.no_warmup, a.seed))?;
+            let setup = TestSetup {
+                reps: a.reps,
+                n_ctx,
+                kv_type: a.kv_type,
+                warmup: !a.no_warmup,
+                seed: a.seed,
+            };
+            let r = pool.install(|| run_test(&model, kind, &setup))?;
             rows.push(Row {
                 threads: nt,
                 r,
@@ -143,10 +154,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let info = FileInfo::new(&a.model, &f, &sizes);
     if a.json {
         for row in &rows {
-            println!("{}", json_line(&info, &sizes, row, bw_of(row.threads), isa));
+            println!(
+                "{}",
+                json_line(&info, &sizes, row, bw_of(row.threads), isa, a.kv_type)
+            );
         }
     } else {
-        print_table(&info, &sizes, &rows, &bw, isa);
+        print_table(&info, &sizes, &rows, &bw, isa, a.kv_type);
     }
     Ok(())
 }
@@ -188,7 +202,14 @@ fn weight_bw(sizes: &WeightSizes, r: &TestResult) -> Option<f64> {
     }
 }
 
-fn json_line(info: &FileInfo, sizes: &WeightSizes, row: &Row, bw: f64, isa: &str) -> String {
+fn json_line(
+    info: &FileInfo,
+    sizes: &WeightSizes,
+    row: &Row,
+    bw: f64,
+    isa: &str,
+    kv: KvType,
+) -> String {
     let r = &row.r;
     let (n_prompt, n_gen) = match r.kind {
         TestKind::Prompt(n) => (n, 0),
@@ -206,8 +227,8 @@ fn json_line(info: &FileInfo, sizes: &WeightSizes, row: &Row, bw: f64, isa: &str
         "n_batch": n_prompt.max(1),
         "n_ubatch": UBATCH,
         "n_threads": row.threads,
-        "type_k": "f32",
-        "type_v": "f32",
+        "type_k": kv.name(),
+        "type_v": kv.name(),
         "n_gpu_layers": 0,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
@@ -235,7 +256,14 @@ fn json_line(info: &FileInfo, sizes: &WeightSizes, row: &Row, bw: f64, isa: &str
     v.to_string()
 }
 
-fn print_table(info: &FileInfo, sizes: &WeightSizes, rows: &[Row], bw: &[(usize, f64)], isa: &str) {
+fn print_table(
+    info: &FileInfo,
+    sizes: &WeightSizes,
+    rows: &[Row],
+    bw: &[(usize, f64)],
+    isa: &str,
+    kv: KvType,
+) {
     let header = [
         "model",
         "size",
@@ -301,7 +329,7 @@ fn print_table(info: &FileInfo, sizes: &WeightSizes, rows: &[Row], bw: &[(usize,
     if let Some(row) = rows.iter().max_by_key(|r| r.r.kind.n_tokens()) {
         let n = row.r.kind.n_tokens();
         println!(
-            "sequence state after {} tokens: KV cache {:.1} MiB ({} B/token as allocated), recurrent state {:.2} MiB",
+            "sequence state after {} tokens: KV cache ({kv}) {:.1} MiB ({} B/token as allocated), recurrent state {:.2} MiB",
             n,
             row.r.kv_bytes as f64 / (1u64 << 20) as f64,
             row.r.kv_bytes / n.max(1),

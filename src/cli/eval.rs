@@ -2,7 +2,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use deltaq::gguf::GgufFile;
-use deltaq::model::{Model, Session};
+use deltaq::model::{KvType, Model, Session};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -24,6 +24,9 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -45,7 +48,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 
     let started = std::time::Instant::now();
     let logits = pool.install(|| -> anyhow::Result<Vec<f32>> {
-        let mut s = Session::new(&model, a.ctx_size);
+        let mut s = Session::with_kv_type(&model, a.ctx_size, a.kv_type);
         if a.step {
             let mut all = Vec::with_capacity(tokens.len() * n_vocab);
             for &t in &tokens {

@@ -13,6 +13,7 @@ mod tensor;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
+use deltaq::model::KvType;
 
 #[derive(Parser)]
 #[command(name = "deltaq", version, about = "Run Qwen3.5 GGUF models on CPUs")]
@@ -44,6 +45,14 @@ enum Command {
     Perplexity(perplexity::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, prompt cache)
     Serve(serve::Args),
+}
+
+/// `--kv-type`: the KV cache's element type (llama.cpp's `-ctk`/`-ctv`, one flag for both).
+fn parse_kv_type(s: &str) -> Result<KvType, String> {
+    KvType::from_name(s).ok_or_else(|| {
+        let names: Vec<&str> = KvType::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown KV cache type '{s}' (one of: {})", names.join(", "))
+    })
 }
 
 pub fn run(cli: Cli) -> anyhow::Result<()> {

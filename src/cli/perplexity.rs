@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use deltaq::gguf::GgufFile;
-use deltaq::model::Model;
+use deltaq::model::{KvType, Model};
 use deltaq::perplexity::{self as ppl, LogitsWriter, Options, Plan, PlotPoint, Scores};
 use deltaq::quantize::{quantize_file, FileType, QuantizeOptions};
 use deltaq::tokenizer::Tokenizer;
@@ -61,6 +61,9 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
 }
 
 fn parse_ftype(s: &str) -> Result<FileType, String> {
@@ -243,6 +246,7 @@ fn evaluate_files(
         n_ctx: a.ctx_size,
         n_batch: a.batch_size.unwrap_or(a.ctx_size),
         max_chunks: a.chunks,
+        kv_type: a.kv_type,
     };
     let plan = Plan::new(tokens.len(), &opts)
         .with_context(|| format!("{} is too short", a.text.display()))?;

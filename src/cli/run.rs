@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
 use deltaq::generate::{generate, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
-use deltaq::model::{Model, Session};
+use deltaq::model::{KvType, Model, Session};
 use deltaq::sampling::{Sampler, SamplingParams};
 use deltaq::tokenizer::Tokenizer;
 
@@ -34,6 +34,9 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
     /// Temperature (0: greedy)
     #[arg(long)]
     temp: Option<f32>,
@@ -114,7 +117,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 if ids.is_empty() {
                     bail!("the prompt is empty");
                 }
-                let mut session = Session::new(&model, a.ctx_size);
+                let mut session = Session::with_kv_type(&model, a.ctx_size, a.kv_type);
                 let mut sampler = Sampler::new(params);
                 print!("{p}");
                 let stats = generate(
@@ -132,6 +135,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             }
             (Some(p), Some(tmpl)) => {
                 let mut chat = Chat::new(&model, a.ctx_size, tmpl);
+                chat.kv_type = a.kv_type;
                 if let Some(s) = &a.system {
                     chat.messages.push(ChatMessage::system(s));
                 }
@@ -235,6 +239,7 @@ fn interactive(
     out: &mut Printer,
 ) -> anyhow::Result<()> {
     let mut chat = Chat::new(model, a.ctx_size, tmpl);
+    chat.kv_type = a.kv_type;
     if let Some(s) = &a.system {
         chat.messages.push(ChatMessage::system(s));
     }

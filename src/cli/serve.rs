@@ -2,6 +2,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
+use deltaq::model::KvType;
 use deltaq::server::{serve, Config};
 
 /// The bundled demo model, used when `-m` is not given.
@@ -45,6 +46,9 @@ pub struct Args {
     /// Threads for the matrix kernels (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
+    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
     /// Seconds a shutdown waits for open connections
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
@@ -72,6 +76,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         host: a.host,
         port: a.port,
         n_ctx: a.ctx_size,
+        kv_type: a.kv_type,
         parallel: a.parallel.max(1),
         queue: a.queue,
         api_key: a.api_key,

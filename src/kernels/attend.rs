@@ -1,126 +1,216 @@
-//! One query's attention over a cache with a streaming (online) softmax: scores are made a block of
+//! One query's attention over a KV cache with a streaming (online) softmax: scores are made a block of
 //! positions at a time and the running output is rescaled when the maximum grows, so no buffer the size
-//! of the context is needed. Dot products and updates use AVX2+FMA when the kernel table allows.
+//! of the context is needed.
+//!
+//! The cache is stored in pages of positions ([`KvPages`]) of f32 or f16 elements ([`KvElem`]); f16 rows
+//! are widened to f32 exactly as they are read, and all arithmetic is f32 (the normalizer f64). The
+//! kernel table ([`Kernels::attend_f32`](super::Kernels), `attend_f16`) holds one entry per element type:
+//! the scalar reference [`attend_ref`], AVX2 + FMA + F16C (`_mm256_cvtph_ps`) and NEON (`fcvtl`).
+
+use half::f16;
+
+use super::dispatch::Kernels;
 
 /// Positions per block of scores.
-const BLOCK: usize = 128;
+pub(crate) const BLOCK: usize = 128;
 
-/// `out = Σ_τ softmax_τ(scale · q·k_τ) v_τ` over `τ < n_ctx`, where `k_τ = k[τ·stride..][..hd]` and the
-/// same for `v` (`hd = q.len() = out.len()`). The normalizer is summed in f64.
-pub fn attend(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    assert_eq!(out.len(), hd);
-    assert!(n_ctx > 0, "attention over an empty context");
-    let need = (n_ctx - 1) * stride + hd;
-    assert!(
-        k.len() >= need && v.len() >= need,
-        "attend: cache too short"
-    );
-    #[cfg(target_arch = "x86_64")]
-    if super::kernels().isa >= super::Isa::Avx2 && hd.is_multiple_of(8) {
-        // SAFETY: the AVX2 and AVX-512 tables are only handed out after AVX2 and FMA were detected;
-        // `hd` is a multiple of 8 and the rows are inside `k`/`v` (asserted above).
-        unsafe { attend_avx2(q, k, v, stride, n_ctx, scale, out) };
-        return;
-    }
-    body(
-        q,
-        k,
-        v,
-        stride,
-        n_ctx,
-        scale,
-        out,
-        super::ops::dot,
-        super::ops::axpy,
-    );
+/// A KV cache's keys and values as seen by one query head: position `τ` lives in page
+/// `τ / page_rows` at row `τ % page_rows`, and its head vector is `page[row·stride + offset..][..hd]`.
+/// Every page but the last holds `page_rows` positions.
+#[derive(Clone, Copy, Debug)]
+pub struct KvPages<'a, T> {
+    pub k: &'a [Vec<T>],
+    pub v: &'a [Vec<T>],
+    /// Positions per page (≥ 1).
+    pub page_rows: usize,
+    /// Elements from one position to the next within a page.
+    pub stride: usize,
+    /// First element of this head within a position's row.
+    pub offset: usize,
 }
 
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn body(
+impl<'a, T> KvPages<'a, T> {
+    /// One contiguous buffer of positions `stride` elements apart (a single page).
+    pub fn contiguous(
+        k: &'a [Vec<T>],
+        v: &'a [Vec<T>],
+        n_ctx: usize,
+        stride: usize,
+        offset: usize,
+    ) -> KvPages<'a, T> {
+        KvPages {
+            k,
+            v,
+            page_rows: n_ctx.max(1),
+            stride,
+            offset,
+        }
+    }
+
+    /// Panics unless positions `0..n_ctx` with `hd` elements each are inside the pages: after this every
+    /// row the kernels index exists (they still index through checked slices).
+    fn check(&self, hd: usize, n_ctx: usize) {
+        assert!(n_ctx > 0, "attention over an empty context");
+        assert!(self.page_rows > 0, "attend: pages of zero positions");
+        assert!(
+            self.offset + hd <= self.stride,
+            "attend: head outside the row"
+        );
+        let pages = n_ctx.div_ceil(self.page_rows);
+        assert!(
+            self.k.len() >= pages && self.v.len() >= pages,
+            "attend: {pages} pages needed, cache has {} / {}",
+            self.k.len(),
+            self.v.len()
+        );
+        for p in 0..pages {
+            let rows = self.page_rows.min(n_ctx - p * self.page_rows);
+            let need = (rows - 1) * self.stride + self.offset + hd;
+            assert!(
+                self.k[p].len() >= need && self.v[p].len() >= need,
+                "attend: page {p} is too short"
+            );
+        }
+    }
+}
+
+/// An element type the KV cache can be stored in.
+pub trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'static {
+    fn to_f32(self) -> f32;
+    /// Appends `src`, rounded to this type (round to nearest even for f16), to `dst`.
+    fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]);
+    /// This type's entry in a kernel table.
+    fn attend_entry(k: &Kernels) -> AttendFn<Self>;
+}
+
+/// A kernel table's attention entry for element type `T`: see [`attend`].
+pub type AttendFn<T> = fn(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]);
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn extend_from_f32(dst: &mut Vec<f32>, src: &[f32]) {
+        dst.extend_from_slice(src);
+    }
+    fn attend_entry(k: &Kernels) -> AttendFn<f32> {
+        k.attend_f32
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn extend_from_f32(dst: &mut Vec<f16>, src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let at = dst.len();
+        dst.resize(at + src.len(), f16::ZERO);
+        dst[at..].convert_from_f32_slice(src);
+    }
+    fn attend_entry(k: &Kernels) -> AttendFn<f16> {
+        k.attend_f16
+    }
+}
+
+/// `out = Σ_τ softmax_τ(scale · q·k_τ) v_τ` over `τ < n_ctx` (`hd = q.len() = out.len()`), through the
+/// kernel table chosen for this CPU. The normalizer is summed in f64.
+pub fn attend<T: KvElem>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]) {
+    T::attend_entry(super::kernels())(q, kv, n_ctx, scale, out)
+}
+
+/// The scalar reference of every table's attention entry.
+pub fn attend_ref<T: KvElem>(
     q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
+    kv: KvPages<'_, T>,
     n_ctx: usize,
     scale: f32,
     out: &mut [f32],
-    dot: impl Fn(&[f32], &[f32]) -> f32,
-    axpy: impl Fn(&mut [f32], f32, &[f32]),
+) {
+    check(q, &kv, n_ctx, out);
+    body(q, kv, n_ctx, scale, out, dot_ref, axpy_ref)
+}
+
+/// Shape checks shared by every entry (before any SIMD code runs).
+pub(crate) fn check<T>(q: &[f32], kv: &KvPages<'_, T>, n_ctx: usize, out: &[f32]) {
+    assert_eq!(out.len(), q.len(), "attend: output and query lengths");
+    kv.check(q.len(), n_ctx);
+}
+
+/// `Σ a_i · b_i` with 8 independent accumulators (the association of an 8-lane SIMD dot product).
+fn dot_ref<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(x, y)| x * y.to_f32())
+        .sum();
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l].to_f32();
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `y ← y + a·x`
+fn axpy_ref<T: KvElem>(y: &mut [f32], a: f32, x: &[T]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x.to_f32();
+    }
+}
+
+/// The streaming softmax, generic over the dot product and update so that SIMD entries inline their
+/// own (`#[inline(always)]`: compiled inside each entry's `#[target_feature]` function). The caller has
+/// run [`check`].
+#[inline(always)]
+pub(crate) fn body<T: Copy>(
+    q: &[f32],
+    kv: KvPages<'_, T>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+    dot: impl Fn(&[f32], &[T]) -> f32,
+    axpy: impl Fn(&mut [f32], f32, &[T]),
 ) {
     let hd = q.len();
+    let (stride, off) = (kv.stride, kv.offset);
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f64);
     let mut s = [0f32; BLOCK];
-    for b0 in (0..n_ctx).step_by(BLOCK) {
-        let s = &mut s[..BLOCK.min(n_ctx - b0)];
-        let mut block_max = f32::NEG_INFINITY;
-        for (i, s) in s.iter_mut().enumerate() {
-            *s = dot(q, &k[(b0 + i) * stride..][..hd]) * scale;
-            block_max = block_max.max(*s);
+    for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
+        let p0 = p * kv.page_rows;
+        if p0 >= n_ctx {
+            break;
         }
-        if block_max > max {
-            // Everything so far was weighted by e^{−max}; move it to the new maximum.
-            let c = (max - block_max).exp();
-            out.iter_mut().for_each(|o| *o *= c);
-            sum *= c as f64;
-            max = block_max;
-        }
-        for (i, s) in s.iter().enumerate() {
-            let p = (s - max).exp();
-            sum += p as f64;
-            axpy(out, p, &v[(b0 + i) * stride..][..hd]);
+        let rows = kv.page_rows.min(n_ctx - p0);
+        for b0 in (0..rows).step_by(BLOCK) {
+            let s = &mut s[..BLOCK.min(rows - b0)];
+            let mut block_max = f32::NEG_INFINITY;
+            for (i, s) in s.iter_mut().enumerate() {
+                *s = dot(q, &kp[(b0 + i) * stride + off..][..hd]) * scale;
+                block_max = block_max.max(*s);
+            }
+            if block_max > max {
+                // Everything so far was weighted by e^{−max}; move it to the new maximum.
+                let c = (max - block_max).exp();
+                out.iter_mut().for_each(|o| *o *= c);
+                sum *= c as f64;
+                max = block_max;
+            }
+            for (i, s) in s.iter().enumerate() {
+                let w = (s - max).exp();
+                sum += w as f64;
+                axpy(out, w, &vp[(b0 + i) * stride + off..][..hd]);
+            }
         }
     }
     let inv = (1.0 / sum) as f32;
     out.iter_mut().for_each(|o| *o *= inv);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    stride: usize,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    use core::arch::x86_64::*;
-    let dot = |a: &[f32], b: &[f32]| {
-        let mut acc = [_mm256_setzero_ps(); 2];
-        for (i, (a, b)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
-            // SAFETY: the chunks are 8 floats; AVX2 and FMA are enabled for this function.
-            let (x, y) = unsafe { (_mm256_loadu_ps(a.as_ptr()), _mm256_loadu_ps(b.as_ptr())) };
-            acc[i % 2] = _mm256_fmadd_ps(x, y, acc[i % 2]);
-        }
-        let s = _mm256_add_ps(acc[0], acc[1]);
-        let s = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    };
-    let axpy = |y: &mut [f32], a: f32, x: &[f32]| {
-        let a = _mm256_set1_ps(a);
-        for (y, x) in y.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-            // SAFETY: the chunks are 8 floats; AVX2 and FMA are enabled for this function.
-            unsafe {
-                let r =
-                    _mm256_fmadd_ps(a, _mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr()));
-                _mm256_storeu_ps(y.as_mut_ptr(), r);
-            }
-        }
-    };
-    body(q, k, v, stride, n_ctx, scale, out, dot, axpy)
 }
 
 #[cfg(test)]
@@ -128,33 +218,128 @@ mod tests {
     use super::*;
     use crate::kernels::ops::{dot, softmax};
 
+    struct Rng(u32);
+    impl Rng {
+        fn f(&mut self) -> f32 {
+            self.0 = self.0.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (self.0 >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        }
+    }
+
+    /// Splits a contiguous `[n_ctx × stride]` buffer into pages of `page_rows` positions.
+    fn paged<T: Copy>(x: &[T], stride: usize, page_rows: usize) -> Vec<Vec<T>> {
+        x.chunks(page_rows * stride).map(|c| c.to_vec()).collect()
+    }
+
     #[test]
     fn streaming_softmax_matches_two_pass() {
-        let (hd, stride) = (64, 96);
-        let mut seed = 99u32;
-        let mut rnd = || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
+        let (hd, stride, off) = (64, 96, 16);
+        let mut rng = Rng(99);
         for n_ctx in [1usize, 5, 128, 129, 300] {
-            let q: Vec<f32> = (0..hd).map(|_| 4.0 * rnd()).collect();
-            let k: Vec<f32> = (0..n_ctx * stride).map(|_| rnd()).collect();
-            let v: Vec<f32> = (0..n_ctx * stride).map(|_| rnd()).collect();
+            let q: Vec<f32> = (0..hd).map(|_| 4.0 * rng.f()).collect();
+            let k: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
+            let v: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
             let mut s: Vec<f32> = (0..n_ctx)
-                .map(|t| dot(&q, &k[t * stride..][..hd]) * 0.125)
+                .map(|t| dot(&q, &k[t * stride + off..][..hd]) * 0.125)
                 .collect();
             softmax(&mut s);
             let mut want = vec![0f32; hd];
             for (t, p) in s.iter().enumerate() {
-                for (o, v) in want.iter_mut().zip(&v[t * stride..][..hd]) {
+                for (o, v) in want.iter_mut().zip(&v[t * stride + off..][..hd]) {
                     *o += p * v;
                 }
             }
+            let (kc, vc) = ([k.clone()], [v.clone()]);
             let mut got = vec![0f32; hd];
-            attend(&q, &k, &v, stride, n_ctx, 0.125, &mut got);
+            attend_ref(
+                &q,
+                KvPages::contiguous(&kc, &vc, n_ctx, stride, off),
+                n_ctx,
+                0.125,
+                &mut got,
+            );
             for (g, w) in got.iter().zip(&want) {
                 assert!((g - w).abs() < 1e-5, "n_ctx={n_ctx}: {g} vs {w}");
             }
+            // The same cache cut into pages (page sizes that do and do not divide BLOCK) gives the
+            // same result: pages only change where rows are read from, never the order of the sums,
+            // as long as block boundaries coincide (they do when page_rows is a multiple of BLOCK).
+            for page_rows in [BLOCK, 2 * BLOCK] {
+                let (kp, vp) = (paged(&k, stride, page_rows), paged(&v, stride, page_rows));
+                let mut p = vec![0f32; hd];
+                let kv = KvPages {
+                    k: &kp,
+                    v: &vp,
+                    page_rows,
+                    stride,
+                    offset: off,
+                };
+                attend_ref(&q, kv, n_ctx, 0.125, &mut p);
+                assert_eq!(p, got, "n_ctx={n_ctx} page_rows={page_rows}");
+            }
+            for page_rows in [1, 7, 100] {
+                let (kp, vp) = (paged(&k, stride, page_rows), paged(&v, stride, page_rows));
+                let mut p = vec![0f32; hd];
+                let kv = KvPages {
+                    k: &kp,
+                    v: &vp,
+                    page_rows,
+                    stride,
+                    offset: off,
+                };
+                attend_ref(&q, kv, n_ctx, 0.125, &mut p);
+                for (a, b) in p.iter().zip(&got) {
+                    assert!((a - b).abs() < 1e-6, "page_rows={page_rows}: {a} vs {b}");
+                }
+            }
         }
+    }
+
+    /// f16 storage: the same as f32 storage of the f16-rounded values.
+    #[test]
+    fn f16_equals_f32_of_rounded_values() {
+        let (hd, stride, n_ctx) = (32, 32, 77);
+        let mut rng = Rng(5);
+        let q: Vec<f32> = (0..hd).map(|_| 4.0 * rng.f()).collect();
+        let k: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
+        let v: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
+        let (mut kh, mut vh) = (Vec::new(), Vec::new());
+        f16::extend_from_f32(&mut kh, &k);
+        f16::extend_from_f32(&mut vh, &v);
+        let kr: Vec<f32> = kh.iter().map(|x| x.to_f32()).collect();
+        let vr: Vec<f32> = vh.iter().map(|x| x.to_f32()).collect();
+        let (a, b) = ([kh], [vh]);
+        let (c, d) = ([kr], [vr]);
+        let mut o16 = vec![0f32; hd];
+        let mut o32 = vec![0f32; hd];
+        attend_ref(
+            &q,
+            KvPages::contiguous(&a, &b, n_ctx, stride, 0),
+            n_ctx,
+            0.25,
+            &mut o16,
+        );
+        attend_ref(
+            &q,
+            KvPages::contiguous(&c, &d, n_ctx, stride, 0),
+            n_ctx,
+            0.25,
+            &mut o32,
+        );
+        assert_eq!(o16, o32);
+    }
+
+    #[test]
+    #[should_panic(expected = "too short")]
+    fn short_page_is_refused() {
+        let k = [vec![0f32; 10]];
+        let mut out = [0f32; 8];
+        attend_ref(
+            &[0.0; 8],
+            KvPages::contiguous(&k, &k, 2, 8, 0),
+            2,
+            1.0,
+            &mut out,
+        );
     }
 }

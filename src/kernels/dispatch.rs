@@ -2,6 +2,9 @@
 
 use std::sync::OnceLock;
 
+use half::f16;
+
+use super::attend::AttendFn;
 use crate::quant::GgmlType;
 
 /// An instruction-set path.
@@ -50,6 +53,10 @@ pub struct Kernels {
     pub float_rows: fn(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]),
     /// Quantizes one activation row to Q8_0, Q8_1 or Q8_K: the same bytes as the reference quantizer.
     pub quantize_act: fn(ty: GgmlType, x: &[f32], out: &mut [u8]),
+    /// One query's attention over an f32 KV cache ([`super::attend::attend`]).
+    pub attend_f32: AttendFn<f32>,
+    /// The same over an f16 KV cache (rows widened to f32 as they are read).
+    pub attend_f16: AttendFn<f16>,
 }
 
 /// Every table this CPU can run, lowest first (always starts with scalar).

@@ -1,5 +1,6 @@
 //! The scalar reference kernels: every SIMD path is tested against these.
 
+use super::attend::attend_ref;
 use super::dispatch::{Isa, Kernels};
 use crate::quant::{self, GgmlType};
 
@@ -8,6 +9,8 @@ pub static KERNELS: Kernels = Kernels {
     quant_rows,
     float_rows,
     quantize_act,
+    attend_f32: attend_ref::<f32>,
+    attend_f16: attend_ref::<half::f16>,
 };
 
 /// Quantized weight rows · quantized activation rows, block by block (`BlockFormat::vec_dot_ref`).

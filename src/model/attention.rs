@@ -1,20 +1,199 @@
 //! Gated full attention (spec §3.2): joint Q/gate projection, per-head Q/K RMSNorm, partial NEOX RoPE,
-//! causal GQA over an f32 KV cache, sigmoid output gate.
+//! causal GQA over the KV cache (F16 by default, as llama.cpp; F32 on request), sigmoid output gate.
 
+use half::f16;
 use rayon::prelude::*;
 
 use super::for_rows;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
-use crate::kernels::attend::attend;
+use crate::kernels::attend::{attend, KvElem, KvPages};
 use crate::kernels::ops::{rms_norm, sigmoid};
 use crate::kernels::{matmul, matmuls};
 
-/// Keys (after norm + RoPE) and raw values of every past position: `[pos][Hkv·hd]` each.
-#[derive(Clone, Debug, Default)]
-pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+/// Element type of the KV cache. F16 halves its memory (12 KiB instead of 24 KiB per token for
+/// 0.8B/2B); attention still computes in f32 (rows are widened exactly as they are read), so the only
+/// difference is the rounding of K and V when they are stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F16,
+    F32,
+}
+
+impl KvType {
+    pub const ALL: [KvType; 2] = [KvType::F16, KvType::F32];
+
+    /// `f16` / `f32` (llama.cpp's `--cache-type-k` names).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<KvType> {
+        KvType::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s))
+    }
+
+    /// Bytes per stored element.
+    pub fn size(self) -> usize {
+        match self {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Positions per page of the KV cache. Pages are allocated as the sequence grows and never move, so
+/// growing the cache copies nothing (no reallocation of the whole cache, no transient double size),
+/// and the last page is cut to the context size, so the cache never holds room for more than `n_ctx`
+/// positions. A multiple of the attention kernel's score block (128), so paging leaves the order of
+/// its sums unchanged.
+pub const KV_PAGE: usize = 256;
+
+/// Keys (after norm + RoPE) and raw values of every past position, `[pos][Hkv·hd]` each, in pages of
+/// [`KV_PAGE`] positions.
+#[derive(Clone, Debug)]
+pub struct KvPaged<T> {
+    k: Vec<Vec<T>>,
+    v: Vec<Vec<T>>,
+    /// Positions stored.
+    len: usize,
+    /// Positions the cache may grow to.
+    n_ctx: usize,
+    /// Elements per position (`Hkv·hd`).
+    row: usize,
+}
+
+impl<T: KvElem> KvPaged<T> {
+    fn new(n_ctx: usize, row: usize) -> KvPaged<T> {
+        KvPaged {
+            k: Vec::new(),
+            v: Vec::new(),
+            len: 0,
+            n_ctx,
+            row,
+        }
+    }
+
+    /// Positions the page starting at position `p0` holds when full.
+    fn page_rows(&self, p0: usize) -> usize {
+        KV_PAGE.min(self.n_ctx - p0)
+    }
+
+    /// Appends the rows of `k` and `v` (`[T × row]` f32 each), rounded to `T`.
+    fn push(&mut self, k: &[f32], v: &[f32]) {
+        let row = self.row;
+        let n = k.len() / row;
+        assert!(k.len() == n * row && v.len() == k.len(), "KV rows");
+        assert!(
+            self.len + n <= self.n_ctx,
+            "KV cache full: {} + {n} positions > {}",
+            self.len,
+            self.n_ctx
+        );
+        let mut done = 0;
+        while done < n {
+            let at = self.len % KV_PAGE;
+            let p0 = self.len - at;
+            let page_rows = self.page_rows(p0);
+            if at == 0 {
+                self.k.push(Vec::with_capacity(page_rows * row));
+                self.v.push(Vec::with_capacity(page_rows * row));
+            }
+            let take = (page_rows - at).min(n - done);
+            let src = done * row..(done + take) * row;
+            for (page, src) in [
+                (self.k.last_mut(), &k[src.clone()]),
+                (self.v.last_mut(), &v[src]),
+            ] {
+                let page = page.expect("a page was just ensured");
+                // A snapshot (clone) holds its last page trimmed to the rows in use: give it back its
+                // full size once, not by doubling.
+                page.reserve_exact(page_rows * row - page.len());
+                T::extend_from_f32(page, src);
+            }
+            self.len += take;
+            done += take;
+        }
+    }
+
+    /// Bytes allocated for K and V.
+    fn bytes(&self) -> usize {
+        let cap: usize = self.k.iter().chain(&self.v).map(Vec::capacity).sum();
+        cap * std::mem::size_of::<T>()
+    }
+
+    /// The view of KV head `m` (of `hd` elements) for the attention kernel.
+    fn head(&self, m: usize, hd: usize) -> KvPages<'_, T> {
+        KvPages {
+            k: &self.k,
+            v: &self.v,
+            page_rows: KV_PAGE,
+            stride: self.row,
+            offset: m * hd,
+        }
+    }
+}
+
+/// One attention layer's KV cache, in the session's [`KvType`].
+#[derive(Clone, Debug)]
+pub enum KvCache {
+    F16(KvPaged<f16>),
+    F32(KvPaged<f32>),
+}
+
+impl KvCache {
+    /// An empty cache of up to `n_ctx` positions of `row` elements.
+    pub fn new(ty: KvType, n_ctx: usize, row: usize) -> KvCache {
+        match ty {
+            KvType::F16 => KvCache::F16(KvPaged::new(n_ctx, row)),
+            KvType::F32 => KvCache::F32(KvPaged::new(n_ctx, row)),
+        }
+    }
+
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            KvCache::F16(_) => KvType::F16,
+            KvCache::F32(_) => KvType::F32,
+        }
+    }
+
+    /// Positions stored.
+    pub fn len(&self) -> usize {
+        match self {
+            KvCache::F16(c) => c.len,
+            KvCache::F32(c) => c.len,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Bytes allocated for keys and values.
+    pub fn bytes(&self) -> usize {
+        match self {
+            KvCache::F16(c) => c.bytes(),
+            KvCache::F32(c) => c.bytes(),
+        }
+    }
+
+    fn push(&mut self, k: &[f32], v: &[f32]) {
+        match self {
+            KvCache::F16(c) => c.push(k, v),
+            KvCache::F32(c) => c.push(k, v),
+        }
+    }
 }
 
 /// Rotates pairs `(i, i + n_rot/2)` of the first `n_rot` dims by `θ_i = pos · base^(−2i/n_rot)`; the rest
@@ -43,6 +222,7 @@ pub fn forward(
 ) {
     let (nh, nkv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
     let n_tok = a.len() / hp.n_embd;
+    debug_assert_eq!(cache.len(), pos0, "KV cache and position out of step");
     // QG: [T × H × (q: hd | gate: hd)] — per-head interleaved, not [all q | all gates].
     let mut qg = vec![0f32; n_tok * 2 * nh * hd];
     let mut k = vec![0f32; n_tok * nkv * hd]; // [T × Hkv × hd]
@@ -74,28 +254,40 @@ pub fn forward(
             rope_neox(k, pos0 + t, hp.n_rot, hp.rope_base);
         }
     });
-    cache.k.extend_from_slice(&k);
-    cache.v.extend_from_slice(&v);
+    cache.push(&k, &v);
 
     // o[t][j] = Σ_τ softmax_τ(q·k_τ / √hd) v_τ over τ ≤ pos0 + t, KV head m = j / (H/Hkv).
-    let group = nh / nkv;
-    let scale = 1.0 / (hd as f32).sqrt();
-    let kv_stride = nkv * hd;
-    let (kc, vc) = (&cache.k, &cache.v);
     let mut o = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
-    o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, j) = (idx / nh, idx % nh);
-        let m = j / group;
-        let q = &q[idx * hd..][..hd];
-        let n_ctx = pos0 + t + 1;
-        attend(q, &kc[m * hd..], &vc[m * hd..], kv_stride, n_ctx, scale, o);
-    });
+    match cache {
+        KvCache::F16(c) => attend_all(c, &q, nh, nkv, hd, pos0, &mut o),
+        KvCache::F32(c) => attend_all(c, &q, nh, nkv, hd, pos0, &mut o),
+    }
     for_rows(&mut o, nh * hd, |t, o| {
         for (o, g) in o.iter_mut().zip(&gate[t * nh * hd..][..nh * hd]) {
             *o *= sigmoid(*g);
         }
     });
     matmul(&w.wo, &o, n_tok, out);
+}
+
+/// Every query head of every new token (`q`, `o`: `[T × H × hd]`, token `t` at position `pos0 + t`)
+/// against the cache, which already holds these tokens: causal, so token `t` sees `pos0 + t + 1` positions.
+fn attend_all<T: KvElem>(
+    c: &KvPaged<T>,
+    q: &[f32],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    pos0: usize,
+    o: &mut [f32],
+) {
+    let group = nh / nkv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (t, j) = (idx / nh, idx % nh);
+        let q = &q[idx * hd..][..hd];
+        attend(q, c.head(j / group, hd), pos0 + t + 1, scale, o);
+    });
 }
 
 #[cfg(test)]
@@ -118,6 +310,73 @@ mod tests {
                 assert!((y[i + 32] as f64 - (a * th.sin() + b * th.cos())).abs() < 1e-6);
             }
             assert_eq!(&y[64..], &x[64..]);
+        }
+    }
+
+    fn rows(n: usize, row: usize, seed: f32) -> Vec<f32> {
+        (0..n * row).map(|i| seed + i as f32 * 0.25).collect()
+    }
+
+    /// Pages fill in order whatever the batch sizes, the cache never holds room beyond `n_ctx`
+    /// positions, and stored values are the inputs rounded to the element type.
+    #[test]
+    fn kv_pages_grow_to_n_ctx_exactly() {
+        let row = 4;
+        for ty in KvType::ALL {
+            for n_ctx in [1, 7, KV_PAGE, KV_PAGE + 1, 3 * KV_PAGE - 5] {
+                for batch in [1, 3, KV_PAGE - 1, KV_PAGE + 2, 1000] {
+                    let mut c = KvCache::new(ty, n_ctx, row);
+                    let mut pos = 0;
+                    while pos < n_ctx {
+                        let n = batch.min(n_ctx - pos);
+                        let (k, v) = (rows(n, row, pos as f32), rows(n, row, -(pos as f32)));
+                        c.push(&k, &v);
+                        pos += n;
+                        assert_eq!(c.len(), pos);
+                        let cap_rows = c.bytes() / (2 * row * ty.size());
+                        assert!(cap_rows <= n_ctx, "{ty} n_ctx={n_ctx} batch={batch}");
+                        assert!(cap_rows < pos + KV_PAGE, "{ty}: at most one page ahead");
+                    }
+                    // Full: exactly n_ctx positions allocated.
+                    assert_eq!(c.bytes(), 2 * n_ctx * row * ty.size());
+                    // Element e of position p in a batch starting at position b is
+                    // b + ((p − b)·row + e)·0.25: position 1, element 1 below.
+                    let (page0, pages): (Vec<f32>, usize) = match &c {
+                        KvCache::F16(p) => (p.k[0].iter().map(|x| x.to_f32()).collect(), p.k.len()),
+                        KvCache::F32(p) => (p.k[0].clone(), p.k.len()),
+                    };
+                    if n_ctx > 1 {
+                        let k0: f32 = page0[row + 1];
+                        let want = if batch == 1 {
+                            1.25
+                        } else {
+                            (row + 1) as f32 * 0.25
+                        };
+                        assert_eq!(k0, want, "{ty} n_ctx={n_ctx} batch={batch}");
+                    }
+                    assert_eq!(pages, n_ctx.div_ceil(KV_PAGE));
+                }
+            }
+        }
+    }
+
+    /// A clone (a snapshot) holds only the positions in use; growing it again gives its last page back
+    /// its full size and the same contents as the original grown the same way.
+    #[test]
+    fn kv_snapshot_is_trimmed_and_regrows() {
+        let (row, n_ctx) = (8, 2 * KV_PAGE);
+        let mut c = KvCache::new(KvType::F16, n_ctx, row);
+        c.push(&rows(10, row, 1.0), &rows(10, row, 2.0));
+        assert_eq!(c.bytes(), 2 * KV_PAGE * row * 2);
+        let mut snap = c.clone();
+        assert_eq!(snap.bytes(), 2 * 10 * row * 2);
+        for x in [&mut c, &mut snap] {
+            x.push(&rows(300, row, 3.0), &rows(300, row, 4.0));
+        }
+        assert_eq!(snap.bytes(), c.bytes());
+        match (&c, &snap) {
+            (KvCache::F16(a), KvCache::F16(b)) => assert_eq!((&a.k, &a.v), (&b.k, &b.v)),
+            _ => unreachable!(),
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod weights;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 
+pub use attention::{KvType, KV_PAGE};
 pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
 pub use weights::Weights;
@@ -72,6 +73,7 @@ enum Logits {
 pub struct Session<'m> {
     model: &'m Model<'m>,
     n_ctx: usize,
+    kv_type: KvType,
     pos: usize,
     layers: Vec<LayerState>,
     /// Delta-rule form for multi-token calls (tests compare the two).
@@ -79,20 +81,38 @@ pub struct Session<'m> {
 }
 
 impl<'m> Session<'m> {
-    /// A new, empty sequence of at most `n_ctx` tokens (`None`: the model's training context).
+    /// A new, empty sequence of at most `n_ctx` tokens (`None`: the model's training context), with the
+    /// default (F16) KV cache.
     pub fn new(model: &'m Model<'m>, n_ctx: Option<usize>) -> Session<'m> {
+        Session::with_kv_type(model, n_ctx, KvType::default())
+    }
+
+    /// [`Session::new`] with the KV cache stored as `kv_type`. The cache grows page by page
+    /// ([`KV_PAGE`] positions) as tokens come and never holds room for more than `n_ctx` positions.
+    pub fn with_kv_type(
+        model: &'m Model<'m>,
+        n_ctx: Option<usize>,
+        kv_type: KvType,
+    ) -> Session<'m> {
         let hp = &model.hp;
+        let n_ctx = n_ctx.unwrap_or(hp.n_ctx_train);
         let layers = hp
             .kinds
             .iter()
-            .map(|k| match k {
-                LayerKind::Attention => LayerState::Attention(KvCache::default()),
+            .enumerate()
+            .map(|(il, k)| match k {
+                LayerKind::Attention => LayerState::Attention(KvCache::new(
+                    kv_type,
+                    n_ctx,
+                    hp.n_head_kv[il] * hp.head_dim,
+                )),
                 LayerKind::DeltaNet => LayerState::DeltaNet(DeltaState::new(hp)),
             })
             .collect();
         Session {
             model,
-            n_ctx: n_ctx.unwrap_or(hp.n_ctx_train),
+            n_ctx,
+            kv_type,
             pos: 0,
             layers,
             delta_mode: DeltaMode::default(),
@@ -108,6 +128,11 @@ impl<'m> Session<'m> {
         self.n_ctx
     }
 
+    /// The element type of the KV cache.
+    pub fn kv_type(&self) -> KvType {
+        self.kv_type
+    }
+
     /// Bytes held by the state (KV cache as allocated, conv and recurrent states): what a snapshot
     /// costs.
     pub fn state_bytes(&self) -> usize {
@@ -116,7 +141,8 @@ impl<'m> Session<'m> {
     }
 
     /// [`Session::state_bytes`] split into (KV cache as allocated, recurrent conv + delta-rule states).
-    /// The KV cache grows with the tokens processed; the recurrent states are fixed.
+    /// The KV cache grows with the tokens processed (a page of [`KV_PAGE`] positions at a time; a
+    /// clone holds only the positions in use); the recurrent states are fixed.
     pub fn state_parts(&self) -> (usize, usize) {
         fn bytes<T>(v: &Vec<T>) -> usize {
             v.capacity() * std::mem::size_of::<T>()
@@ -124,7 +150,7 @@ impl<'m> Session<'m> {
         let (mut kv, mut rec) = (0, 0);
         for l in &self.layers {
             match l {
-                LayerState::Attention(c) => kv += bytes(&c.k) + bytes(&c.v),
+                LayerState::Attention(c) => kv += c.bytes(),
                 LayerState::DeltaNet(d) => rec += bytes(&d.conv) + bytes(&d.s),
             }
         }

@@ -461,6 +461,7 @@ pub async fn health(State(st): St) -> Response {
         "status": if stopping { "stopping" } else { "ok" },
         "model": st.model_id,
         "n_ctx": e.n_ctx,
+        "kv_type": e.kv_type.name(),
         "uptime_s": st.started.elapsed().as_secs(),
         "slots": {"total": e.parallel, "busy": c.busy.load(Ordering::SeqCst)},
         "queue": {"capacity": e.queue_capacity, "waiting": c.waiting.load(Ordering::SeqCst)},

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{CacheStats, PromptCache};
 use super::text::StopMatcher;
-use crate::model::{Model, Session};
+use crate::model::{KvType, Model, Session};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TokenType, Tokenizer};
 
@@ -95,6 +95,8 @@ pub struct Engine {
     pub model: &'static Model<'static>,
     pub tok: &'static Tokenizer,
     pub n_ctx: usize,
+    /// KV cache element type of every session.
+    pub kv_type: KvType,
     pub parallel: usize,
     pub queue_capacity: usize,
     pub counters: Counters,
@@ -115,6 +117,7 @@ impl Engine {
         model: &'static Model<'static>,
         tok: &'static Tokenizer,
         n_ctx: usize,
+        kv_type: KvType,
         parallel: usize,
         queue: usize,
         cache_bytes: usize,
@@ -127,6 +130,7 @@ impl Engine {
             model,
             tok,
             n_ctx,
+            kv_type,
             parallel: parallel.max(1),
             queue_capacity: queue,
             counters: Counters::default(),
@@ -170,7 +174,11 @@ impl Engine {
         let hit = lock(&self.cache).lookup(prompt);
         let (mut session, mut pos, mut logits) = match hit {
             Some(h) => ((*h.session).clone(), h.len, h.logits.map(|l| (*l).clone())),
-            None => (Session::new(self.model, Some(self.n_ctx)), 0, None),
+            None => (
+                Session::with_kv_type(self.model, Some(self.n_ctx), self.kv_type),
+                0,
+                None,
+            ),
         };
         let cached_tokens = pos;
         let mut checkpoints: Vec<usize> = job

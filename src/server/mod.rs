@@ -22,7 +22,7 @@ use axum::Router;
 
 use crate::chat::ChatTemplate;
 use crate::gguf::GgufFile;
-use crate::model::Model;
+use crate::model::{KvType, Model};
 use crate::tokenizer::Tokenizer;
 use engine::Engine;
 
@@ -35,6 +35,8 @@ pub struct Config {
     pub port: u16,
     /// Context size per session (`None`: the model's training context).
     pub n_ctx: Option<usize>,
+    /// KV cache element type of every session (and so of the prompt-cache snapshots).
+    pub kv_type: KvType,
     /// Sessions generating at once.
     pub parallel: usize,
     /// Requests waiting beyond those; more get 503.
@@ -97,7 +99,15 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "deltaq".into())
     });
-    let engine = Engine::start(model, tok, n_ctx, cfg.parallel, cfg.queue, cfg.cache_bytes);
+    let engine = Engine::start(
+        model,
+        tok,
+        n_ctx,
+        cfg.kv_type,
+        cfg.parallel,
+        cfg.queue,
+        cfg.cache_bytes,
+    );
     let state = Arc::new(AppState {
         engine: engine.clone(),
         template,
@@ -124,8 +134,9 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .with_context(|| format!("binding {}:{}", cfg.host, cfg.port))?;
         let addr: SocketAddr = listener.local_addr()?;
         eprintln!(
-            "deltaq serve: {} on http://{addr} (context {n_ctx}, {} parallel, queue {}, cache {} MiB)",
+            "deltaq serve: {} on http://{addr} (context {n_ctx}, KV cache {}, {} parallel, queue {}, cache {} MiB)",
             cfg.model_path.display(),
+            cfg.kv_type,
             engine.parallel,
             engine.queue_capacity,
             cfg.cache_bytes >> 20

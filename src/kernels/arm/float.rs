@@ -9,14 +9,14 @@ use super::neon::ROWS;
 use crate::quant::GgmlType;
 
 /// A float weight format: 8 elements at a time as two f32x4, or one element.
-trait Elem {
+pub(super) trait Elem {
     const SIZE: usize;
     unsafe fn load8(p: *const u8) -> (float32x4_t, float32x4_t);
     unsafe fn load1(p: *const u8) -> f32;
 }
 
-struct F32;
-struct F16;
+pub(super) struct F32;
+pub(super) struct F16;
 struct BF16;
 
 impl Elem for F32 {

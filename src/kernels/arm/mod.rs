@@ -5,6 +5,7 @@
 //! product of the quantized kernels ([`neon::Smull`] or [`neon::Sdot`]). The dotprod table is only handed
 //! out when the CPU reports the feature.
 
+mod attend;
 mod float;
 mod kquants;
 mod legacy;
@@ -23,6 +24,8 @@ pub static NEON: Kernels = Kernels {
     quant_rows: quant_rows_neon,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
+    attend_f32: attend::attend_f32,
+    attend_f16: attend::attend_f16,
 };
 
 /// NEON with FEAT_DotProd: `sdot` integer dot products.
@@ -31,6 +34,8 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quant_rows: quant_rows_dotprod,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
+    attend_f32: attend::attend_f32,
+    attend_f16: attend::attend_f16,
 };
 
 /// The tables this CPU runs, lowest first.

@@ -13,6 +13,7 @@
 
 use core::arch::x86_64::*;
 
+mod attend;
 pub mod avx2;
 pub mod avx512;
 mod float;
