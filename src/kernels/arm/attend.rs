@@ -10,7 +10,7 @@ use super::float::{self, Elem};
 use crate::kernels::attend::{self, KvElem, KvPages};
 
 /// A KV element type and its loader of 8 consecutive elements as two f32x4.
-trait Row: KvElem {
+pub(super) trait Row: KvElem {
     type E: Elem;
 }
 
@@ -56,7 +56,13 @@ unsafe fn axpy<T: Row>(y: &mut [f32], a: f32, x: &[T]) {
 }
 
 /// The table entry: checks the shapes, then runs the NEON body (or the reference for odd head sizes).
-fn entry<T: Row>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]) {
+pub(super) fn entry<T: Row>(
+    q: &[f32],
+    kv: KvPages<'_, T>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
     attend::check(q, &kv, n_ctx, out);
     if !q.len().is_multiple_of(8) {
         // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
@@ -74,24 +80,4 @@ fn entry<T: Row>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &
         // SAFETY: as above.
         |y, w, x| unsafe { axpy(y, w, x) },
     )
-}
-
-pub(super) fn attend_f32(
-    q: &[f32],
-    kv: KvPages<'_, f32>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    entry(q, kv, n_ctx, scale, out)
-}
-
-pub(super) fn attend_f16(
-    q: &[f32],
-    kv: KvPages<'_, f16>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    entry(q, kv, n_ctx, scale, out)
 }

@@ -24,8 +24,8 @@ pub static NEON: Kernels = Kernels {
     quant_rows: quant_rows_neon,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
-    attend_f32: attend::attend_f32,
-    attend_f16: attend::attend_f16,
+    attend_f32: attend::entry::<f32>,
+    attend_f16: attend::entry::<half::f16>,
 };
 
 /// NEON with FEAT_DotProd: `sdot` integer dot products.
@@ -34,8 +34,8 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quant_rows: quant_rows_dotprod,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
-    attend_f32: attend::attend_f32,
-    attend_f16: attend::attend_f16,
+    attend_f32: attend::entry::<f32>,
+    attend_f16: attend::entry::<half::f16>,
 };
 
 /// The tables this CPU runs, lowest first.

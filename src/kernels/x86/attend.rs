@@ -10,7 +10,7 @@ use super::hsum_ps;
 use crate::kernels::attend::{self, KvPages};
 
 /// A KV element type: 8 consecutive elements as 8 f32 lanes.
-trait Row: Copy {
+pub(crate) trait Row: Copy {
     unsafe fn load8(p: *const Self) -> __m256;
 }
 
@@ -78,7 +78,7 @@ unsafe fn run<T: Row>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, o
 /// The table entry: checks the shapes, then runs the SIMD body (or the reference for odd head sizes).
 /// Only reachable through the AVX2 / AVX-512 tables, which are handed out after AVX2, FMA and F16C
 /// were detected.
-fn entry<T: Row + attend::KvElem>(
+pub(crate) fn entry<T: Row + attend::KvElem>(
     q: &[f32],
     kv: KvPages<'_, T>,
     n_ctx: usize,
@@ -94,24 +94,4 @@ fn entry<T: Row + attend::KvElem>(
     // AVX2, FMA and F16C; the head length is a multiple of 8 and every row is inside its page
     // (`check` above; the kernel indexes through checked slices anyway).
     unsafe { run(q, kv, n_ctx, scale, out) }
-}
-
-pub(crate) fn attend_f32(
-    q: &[f32],
-    kv: KvPages<'_, f32>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    entry(q, kv, n_ctx, scale, out)
-}
-
-pub(crate) fn attend_f16(
-    q: &[f32],
-    kv: KvPages<'_, f16>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-) {
-    entry(q, kv, n_ctx, scale, out)
 }

@@ -13,8 +13,8 @@ pub static KERNELS: Kernels = Kernels {
     quant_rows,
     float_rows,
     quantize_act,
-    attend_f32: super::attend::attend_f32,
-    attend_f16: super::attend::attend_f16,
+    attend_f32: super::attend::entry::<f32>,
+    attend_f16: super::attend::entry::<half::f16>,
 };
 
 /// The CPU features every function below is compiled for.
