@@ -139,22 +139,9 @@ pub(crate) fn check<T>(q: &[f32], kv: &KvPages<'_, T>, n_ctx: usize, out: &[f32]
     kv.check(q.len(), n_ctx);
 }
 
-/// `Σ a_i · b_i` with 8 independent accumulators (the association of an 8-lane SIMD dot product).
+/// `Σ a_i · b_i` in the association of an 8-lane SIMD dot product ([`super::ops::dot_widened`]).
 fn dot_ref<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
-    let mut acc = [0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y.to_f32())
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l].to_f32();
-        }
-    }
-    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+    super::ops::dot_widened(a, b, T::to_f32)
 }
 
 /// `y ← y + a·x`

@@ -37,17 +37,24 @@ pub fn softplus(x: f32) -> f32 {
 }
 
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_widened(a, b, |y| y)
+}
+
+/// `Σ a_i · widen(b_i)` with 8 independent accumulators (the association of an 8-lane SIMD dot
+/// product), for `b` stored in a narrower type (the F16 KV cache).
+#[inline(always)]
+pub fn dot_widened<T: Copy>(a: &[f32], b: &[T], widen: impl Fn(T) -> f32) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
     let tail: f32 = ca
         .remainder()
         .iter()
         .zip(cb.remainder())
-        .map(|(x, y)| x * y)
+        .map(|(x, &y)| x * widen(y))
         .sum();
     for (x, y) in ca.zip(cb) {
         for l in 0..8 {
-            acc[l] += x[l] * y[l];
+            acc[l] += x[l] * widen(y[l]);
         }
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
