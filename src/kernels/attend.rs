@@ -251,7 +251,8 @@ mod tests {
             // The same cache cut into pages (page sizes that do and do not divide BLOCK) gives the
             // same result: pages only change where rows are read from, never the order of the sums,
             // as long as block boundaries coincide (they do when page_rows is a multiple of BLOCK).
-            for page_rows in [BLOCK, 2 * BLOCK] {
+            // Other page sizes stay within rounding.
+            for page_rows in [BLOCK, 2 * BLOCK, 1, 7, 100] {
                 let (kp, vp) = (paged(&k, stride, page_rows), paged(&v, stride, page_rows));
                 let mut p = vec![0f32; hd];
                 let kv = KvPages {
@@ -262,21 +263,12 @@ mod tests {
                     offset: off,
                 };
                 attend_ref(&q, kv, n_ctx, 0.125, &mut p);
-                assert_eq!(p, got, "n_ctx={n_ctx} page_rows={page_rows}");
-            }
-            for page_rows in [1, 7, 100] {
-                let (kp, vp) = (paged(&k, stride, page_rows), paged(&v, stride, page_rows));
-                let mut p = vec![0f32; hd];
-                let kv = KvPages {
-                    k: &kp,
-                    v: &vp,
-                    page_rows,
-                    stride,
-                    offset: off,
-                };
-                attend_ref(&q, kv, n_ctx, 0.125, &mut p);
-                for (a, b) in p.iter().zip(&got) {
-                    assert!((a - b).abs() < 1e-6, "page_rows={page_rows}: {a} vs {b}");
+                if page_rows.is_multiple_of(BLOCK) {
+                    assert_eq!(p, got, "n_ctx={n_ctx} page_rows={page_rows}");
+                } else {
+                    for (a, b) in p.iter().zip(&got) {
+                        assert!((a - b).abs() < 1e-6, "page_rows={page_rows}: {a} vs {b}");
+                    }
                 }
             }
         }
