@@ -5,7 +5,7 @@
 #   tools/llama-bench-build.sh [SCRATCH_DIR]
 #
 # SCRATCH_DIR (or $LLAMA_SCRATCH; default: target/llama-bench of this repository, which git ignores)
-# receives the downloaded sdist, a Python venv with cmake if the machine has none, and the build. The
+# receives the downloaded sdist, a Python venv (cmake, and the sdist's build backend) and the build. The
 # binaries end up in SCRATCH_DIR/build/bin/; the last line printed is the llama-bench path.
 #
 # Environment:
@@ -27,7 +27,12 @@ else
     src=$scratch/llama_cpp_python-$version
     if [[ ! -f $src/vendor/llama.cpp/CMakeLists.txt ]]; then
         mkdir -p "$scratch/sdist"
-        python3 -m pip download --no-deps --no-binary :all: "llama-cpp-python==$version" -d "$scratch/sdist"
+        # pip prepares an sdist's metadata before it saves it; in an isolated build environment with
+        # --no-binary :all: that compiles cmake from source first. Give it the build backend instead.
+        [[ -x $scratch/venv/bin/pip ]] || python3 -m venv "$scratch/venv"
+        "$scratch/venv/bin/pip" install --quiet scikit-build-core cmake
+        "$scratch/venv/bin/pip" download --no-deps --no-binary :all: --no-build-isolation \
+            "llama-cpp-python==$version" -d "$scratch/sdist"
         tar -xzf "$scratch/sdist/llama_cpp_python-$version.tar.gz" -C "$scratch"
     fi
 fi
