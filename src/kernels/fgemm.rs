@@ -51,14 +51,17 @@ pub fn gemm(
         ldc,
     };
     #[cfg(target_arch = "x86_64")]
-    if super::kernels().isa >= super::Isa::Avx2 {
-        // SAFETY: the AVX2 and AVX-512 tables are only handed out after AVX2, FMA and F16C were detected.
-        unsafe { gemm_avx2(&args, c) };
-        return;
+    match super::kernels().isa {
+        // SAFETY: the AVX-512 table is only handed out after AVX-512 F/BW/VL/VNNI were detected.
+        super::Isa::Avx512 => return unsafe { gemm_avx512(&args, c) },
+        // SAFETY: the AVX2 table is only handed out after AVX2, FMA and F16C were detected.
+        super::Isa::Avx2 => return unsafe { gemm_avx2(&args, c) },
+        _ => {}
     }
     gemm_body::<false>(&args, c, 0, 0);
 }
 
+#[derive(Clone, Copy)]
 struct Args<'a> {
     m: usize,
     n: usize,
@@ -110,6 +113,72 @@ unsafe fn gemm_avx2(x: &Args, c: &mut [f32]) {
         }
     }
     gemm_body::<true>(x, c, full_m, full_n)
+}
+
+/// The AVX-512 kernel: 8 × 32 tiles (16 accumulators of 16 lanes, each `B` row loaded once per 8 rows
+/// of `A`), then the AVX2 kernel for the 4 × 16 tiles left at the edges, then the generic body. Every
+/// element is the same FMA chain over `p` as in the AVX2 kernel, so the two agree bitwise.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn gemm_avx512(x: &Args, c: &mut [f32]) {
+    use core::arch::x86_64::*;
+    const MR: usize = 8;
+    const NR: usize = 32;
+    let (m, n, k) = (x.m, x.n, x.k);
+    let (full_m, full_n) = (m / MR * MR, n / NR * NR);
+    let (ap, bp, cp) = (x.a.as_ptr(), x.b.as_ptr(), c.as_mut_ptr());
+    let (alpha, beta) = (_mm512_set1_ps(x.alpha), _mm512_set1_ps(x.beta));
+    for i in (0..full_m).step_by(MR) {
+        for j in (0..full_n).step_by(NR) {
+            let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+            for p in 0..k {
+                // SAFETY: p < k, j + 32 ≤ n and i + 8 ≤ m: inside the extents `gemm` asserted.
+                let b0 = _mm512_loadu_ps(bp.add(p * x.ldb + j));
+                let b1 = _mm512_loadu_ps(bp.add(p * x.ldb + j + 16));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm512_set1_ps(*ap.add((i + r) * x.lda + p));
+                    acc[0] = _mm512_fmadd_ps(a, b0, acc[0]);
+                    acc[1] = _mm512_fmadd_ps(a, b1, acc[1]);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (h, v) in acc.iter().enumerate() {
+                    // SAFETY: as above, for C.
+                    let o = cp.add((i + r) * x.ldc + j + 16 * h);
+                    let v = _mm512_mul_ps(alpha, *v);
+                    let v = if x.beta == 0.0 {
+                        v
+                    } else {
+                        _mm512_fmadd_ps(beta, _mm512_loadu_ps(o), v)
+                    };
+                    _mm512_storeu_ps(o, v);
+                }
+            }
+        }
+    }
+    if full_m == m && full_n == n {
+        return;
+    }
+    // The edges: rows past `full_m` (all columns), then columns past `full_n` of the first rows. The
+    // AVX2 kernel and the generic body each take a rectangle from the origin, so run them on views.
+    if full_m < m {
+        let rest_rows = Args {
+            m: m - full_m,
+            a: &x.a[full_m * x.lda..],
+            ..*x
+        };
+        gemm_avx2(&rest_rows, &mut c[full_m * x.ldc..]);
+    }
+    if full_n < n && full_m > 0 {
+        let rest_cols = Args {
+            m: full_m,
+            n: n - full_n,
+            // Empty when k = 0 (then B is never read).
+            b: x.b.get(full_n..).unwrap_or(&[]),
+            ..*x
+        };
+        gemm_avx2(&rest_cols, &mut c[full_n..]);
+    }
 }
 
 #[inline(always)]
@@ -190,6 +259,33 @@ mod tests {
         }
     }
 
+    /// `C` from every kernel this CPU can run: the generic body, then AVX2 and AVX-512 where detected.
+    fn every_path(x: &Args, c0: &[f32]) -> Vec<(&'static str, Vec<f32>)> {
+        let mut out = Vec::new();
+        let mut c = c0.to_vec();
+        gemm_body::<false>(x, &mut c, 0, 0);
+        out.push(("generic", c));
+        #[cfg(target_arch = "x86_64")]
+        {
+            let f = |feature: bool, name, kernel: unsafe fn(&Args, &mut [f32])| {
+                feature.then(|| {
+                    let mut c = c0.to_vec();
+                    // SAFETY: the kernel's features were just detected.
+                    unsafe { kernel(x, &mut c) };
+                    (name, c)
+                })
+            };
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            out.extend(f(avx2, "avx2", gemm_avx2));
+            out.extend(f(
+                avx2 && is_x86_feature_detected!("avx512f"),
+                "avx512",
+                gemm_avx512,
+            ));
+        }
+        out
+    }
+
     #[test]
     fn gemm_matches_naive_on_every_shape_edge() {
         let mut seed = 7u32;
@@ -204,20 +300,44 @@ mod tests {
             (64, 128, 128),
             (37, 37, 128),
             (3, 40, 0),
+            (8, 32, 5),
+            (17, 70, 33),
+            (64, 64, 128),
+            (16, 128, 48),
+            (9, 31, 0),
         ] {
             let a: Vec<f32> = (0..m * k).map(|_| rnd()).collect();
             let b: Vec<f32> = (0..k * n).map(|_| rnd()).collect();
             let c0: Vec<f32> = (0..m * n).map(|_| rnd()).collect();
             for (alpha, beta) in [(1.0, 0.0), (-1.0, 1.0), (0.5, 0.25)] {
-                let (mut want, mut got) = (c0.clone(), c0.clone());
+                let mut want = c0.clone();
                 naive(m, n, k, alpha, &a, &b, beta, &mut want);
-                gemm(m, n, k, alpha, &a, k, &b, n, beta, &mut got, n);
-                for (g, w) in got.iter().zip(&want) {
-                    assert!(
-                        (g - w).abs() <= 1e-5 * (k as f32).max(1.0),
-                        "{m}x{n}x{k}: {g} vs {w}"
-                    );
+                let x = Args {
+                    m,
+                    n,
+                    k,
+                    alpha,
+                    a: &a,
+                    lda: k,
+                    b: &b,
+                    ldb: n,
+                    beta,
+                    ldc: n,
+                };
+                for (path, got) in every_path(&x, &c0) {
+                    for (g, w) in got.iter().zip(&want) {
+                        assert!(
+                            (g - w).abs() <= 1e-5 * (k as f32).max(1.0),
+                            "{path} {m}x{n}x{k}: {g} vs {w}"
+                        );
+                    }
                 }
+                let mut got = c0.clone();
+                gemm(m, n, k, alpha, &a, k, &b, n, beta, &mut got, n);
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| (g - w).abs() <= 1e-5 * (k as f32).max(1.0)));
             }
         }
     }
