@@ -26,6 +26,7 @@ pub static NEON: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    ops: super::scalar::OPS,
 };
 
 /// NEON with FEAT_DotProd: `sdot` integer dot products.
@@ -36,6 +37,7 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    ops: super::scalar::OPS,
 };
 
 /// The tables this CPU runs, lowest first.
