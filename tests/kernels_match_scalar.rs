@@ -416,7 +416,7 @@ fn attend_matches_scalar() {
 }
 
 /// The element-wise ops' inputs: every length 1..=70 (vector bodies and every tail), uniform values at
-/// several magnitudes, zeros, values where `exp` under- and overflows, and infinities.
+/// several magnitudes, zeros, values where `exp` under- and overflows, infinities and NaN.
 fn op_inputs() -> Vec<Vec<f32>> {
     let mut rng = Rng(0x0b5);
     let mut v = Vec::new();
@@ -432,6 +432,8 @@ fn op_inputs() -> Vec<Vec<f32>> {
             x[n / 2] = f32::INFINITY;
             x[n / 3] = f32::NEG_INFINITY;
         }
+        v.push(x.clone());
+        x[n - 1] = f32::NAN;
         v.push(x);
     }
     v

@@ -31,15 +31,17 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 
 /// `eˣ` per lane (Cephes `expf`): `x = n ln2 + r`, |r| ≤ ln2/2, `eʳ` by a degree-7 polynomial, times
 /// `2ⁿ` applied in two factors so that subnormal results are rounded once. Inputs are clamped to
-/// [-104, 89] (below: 0; above: +inf, as `f32::exp`); NaN is passed through.
+/// [-104, 89] (below: 0; above: +inf, as `f32::exp`); NaN stays NaN.
 ///
 /// # Safety
 /// The CPU must have AVX2 and FMA.
 #[inline(always)]
 pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
+    // `max_ps`/`min_ps` return their second operand when either is NaN: a NaN `x` stays NaN through
+    // the clamp and everything after it (no blend needed).
     let xc = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(-104.0)),
         _mm256_set1_ps(89.0),
+        _mm256_max_ps(_mm256_set1_ps(-104.0), x),
     );
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         xc,
@@ -66,8 +68,7 @@ pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
     let bias = _mm256_set1_epi32(127);
     let s1 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n1, bias)));
     let s2 = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(n2, bias)));
-    let y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-    _mm256_blendv_ps(y, x, _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x))
+    _mm256_mul_ps(_mm256_mul_ps(p, s1), s2)
 }
 
 /// `σ(x) = 1 / (1 + e⁻ˣ)` per lane (an exact division, as the reference).
