@@ -1,6 +1,7 @@
 //! Every kernel table this CPU runs (`deltaq::kernels::available()`: scalar, AVX2, AVX-512, NEON, ...)
 //! against the scalar reference: quantized and float row products on random and edge-case blocks for
-//! every weight type, odd row counts and several token counts, activation quantizers byte for byte,
+//! every weight type, odd row counts and several token counts, activation quantizers byte for byte, the
+//! element-wise ops (within 1e-6 relative; the vector `exp` within 2 ulp of `f32::exp`),
 //! `DELTAQ_ISA` forcing a table, and whole-model logits with every table.
 //!
 //! Tables other than scalar are generic over the instruction set, so the same file tests NEON when the
@@ -411,6 +412,183 @@ fn attend_matches_scalar() {
                 }
             }
         }
+    }
+}
+
+/// The element-wise ops' inputs: every length 1..=70 (vector bodies and every tail), uniform values at
+/// several magnitudes, zeros, values where `exp` under- and overflows, infinities and NaN.
+fn op_inputs() -> Vec<Vec<f32>> {
+    let mut rng = Rng(0x0b5);
+    let mut v = Vec::new();
+    for n in 1..=70 {
+        for mag in [1.0f32, 10.0, 100.0] {
+            v.push((0..n).map(|_| rng.f() * mag).collect());
+        }
+        v.push(vec![0.0; n]);
+        v.push((0..n).map(|_| rng.f() * 1e30).collect());
+        let specials = [-1e30, -104.5, -103.9, -88.0, -87.3, 88.7, 88.8, 1e30];
+        let mut x: Vec<f32> = (0..n).map(|i| specials[i % specials.len()]).collect();
+        if n > 3 {
+            x[n / 2] = f32::INFINITY;
+            x[n / 3] = f32::NEG_INFINITY;
+        }
+        v.push(x.clone());
+        x[n - 1] = f32::NAN;
+        v.push(x);
+    }
+    v
+}
+
+/// Equal (both NaN counts as equal), or within `rel` of the reference, or both below the normal range.
+fn op_close(got: f32, want: f32, rel: f32) -> bool {
+    got.to_bits() == want.to_bits()
+        || (got.is_nan() && want.is_nan())
+        || (got - want).abs() <= rel * want.abs()
+        || (got.abs() <= f32::MIN_POSITIVE && want.abs() <= f32::MIN_POSITIVE)
+}
+
+fn check_op(k: &Kernels, what: &str, x: &[f32], got: &[f32], want: &[f32]) {
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            op_close(*g, *w, 1e-6),
+            "{} {what} n={} [{i}] x={}: {g} vs {w}",
+            k.isa.name(),
+            x.len(),
+            x[i]
+        );
+    }
+}
+
+/// Every table's element-wise ops against the scalar references: within 1e-6 relative on every length
+/// 1..=70 (RoPE bit for bit: it rounds as the reference does).
+#[test]
+fn ops_match_scalar() {
+    let s = scalar().ops;
+    let mut rng = Rng(0x0b6);
+    let inputs = op_inputs();
+    for k in tables().into_iter().skip(1) {
+        let o = k.ops;
+        type Unary = fn(&mut [f32]);
+        type Binary = fn(&mut [f32], &[f32]);
+        let unary: [(&str, Unary, Unary); 4] = [
+            ("exp", o.exp, s.exp),
+            ("sigmoid", o.sigmoid, s.sigmoid),
+            ("silu", o.silu, s.silu),
+            ("softmax", o.softmax, s.softmax),
+        ];
+        let binary: [(&str, Binary, Binary); 3] = [
+            ("swiglu", o.swiglu, s.swiglu),
+            ("silu_mul", o.silu_mul, s.silu_mul),
+            ("sigmoid_mul", o.sigmoid_mul, s.sigmoid_mul),
+        ];
+        for x in &inputs {
+            for (name, f, r) in &unary {
+                let (mut got, mut want) = (x.clone(), x.clone());
+                f(&mut got);
+                r(&mut want);
+                check_op(k, name, x, &got, &want);
+            }
+            let y: Vec<f32> = x.iter().rev().map(|v| v * 0.5 + rng.f()).collect();
+            for (name, f, r) in &binary {
+                let (mut got, mut want) = (x.clone(), x.clone());
+                f(&mut got, &y);
+                r(&mut want, &y);
+                check_op(k, name, x, &got, &want);
+            }
+            for eps in [1e-6f32, 1e-3] {
+                let (mut got, mut want) = (x.clone(), x.clone());
+                (o.l2_norm)(&mut got, eps);
+                (s.l2_norm)(&mut want, eps);
+                check_op(k, "l2_norm", x, &got, &want);
+                let w: Vec<f32> = x.iter().map(|_| 1.0 + rng.f()).collect();
+                let (mut got, mut want) = (x.clone(), x.clone());
+                (o.rms_norm)(&mut got, &w, eps);
+                (s.rms_norm)(&mut want, &w, eps);
+                check_op(k, "rms_norm", x, &got, &want);
+            }
+            let half = x.len() / 2;
+            let pos = (rng.next() % 300_000) as usize;
+            let (cos, sin) = kernels::ops::rope_cos_sin(pos, 2 * half, 1e7);
+            let (mut got, mut want) = (x.clone(), x.clone());
+            (o.rope)(&mut got, &cos, &sin);
+            (s.rope)(&mut want, &cos, &sin);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{} rope n={} half={half} [{i}]: {g} vs {w}",
+                    k.isa.name(),
+                    x.len()
+                );
+            }
+        }
+    }
+}
+
+/// Distance in units in the last place (0 for equal values, including both NaN or the same infinity).
+fn ulps(a: f32, b: f32) -> u64 {
+    if a.is_nan() || b.is_nan() {
+        return if a.is_nan() && b.is_nan() {
+            0
+        } else {
+            u64::MAX
+        };
+    }
+    // Floats ordered as integers: negative values mirrored below zero.
+    let ord = |x: f32| {
+        let i = x.to_bits() as i32;
+        (if i < 0 { i32::MIN - i } else { i }) as i64
+    };
+    ord(a).abs_diff(ord(b))
+}
+
+/// Every table's vector `exp` within 2 ulp of `f32::exp` over a dense sweep of [-110, 95] (overflow to
+/// infinity, underflow through the subnormals to zero), small arguments around 0, and the specials.
+#[test]
+fn exp_within_2_ulp() {
+    let mut x: Vec<f32> = (0..1_000_001)
+        .map(|i| -110.0 + 205.0 * (i as f32 / 1_000_000.0))
+        .collect();
+    x.extend((-2000..=2000).map(|i| i as f32 * 1e-6));
+    x.extend((-2000..=2000).map(|i| i as f32 * 1e-3));
+    x.extend([
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN,
+        f32::MIN_POSITIVE,
+        88.722_83,
+        88.722_84,
+        -87.336_55,
+        -103.972_08,
+        -103.279_3,
+    ]);
+    for k in tables().into_iter().skip(1) {
+        let mut got = x.clone();
+        (k.ops.exp)(&mut got);
+        let mut worst = (0, 0.0f32);
+        for (&xi, &g) in x.iter().zip(&got) {
+            let d = ulps(g, xi.exp());
+            if d > worst.0 {
+                worst = (d, xi);
+            }
+        }
+        eprintln!("{}: exp worst {} ulp at {}", k.isa.name(), worst.0, worst.1);
+        assert!(
+            worst.0 <= 2,
+            "{}: exp({}) = {} is {} ulp from {}",
+            k.isa.name(),
+            worst.1,
+            {
+                let mut v = [worst.1];
+                (k.ops.exp)(&mut v);
+                v[0]
+            },
+            worst.0,
+            worst.1.exp()
+        );
     }
 }
 

@@ -57,6 +57,35 @@ pub struct Kernels {
     pub attend_f32: AttendFn<f32>,
     /// The same over an f16 KV cache (rows widened to f32 as they are read).
     pub attend_f16: AttendFn<f16>,
+    /// The element-wise and per-row ops of the model blocks ([`super::ops`]).
+    pub ops: OpsFns,
+}
+
+/// The element-wise ops, each over a whole slice. Every SIMD version equals the scalar `_ref` in
+/// [`super::scalar`] up to the rounding of its `exp` (≤ 2 ulp) and the association of f64 sums.
+#[derive(Clone, Copy)]
+pub struct OpsFns {
+    /// `x ← x · scale · w`, `scale = 1 / sqrt(mean(x²) + eps)` (the sum of squares in f64).
+    pub rms_norm: fn(x: &mut [f32], w: &[f32], eps: f32),
+    /// `x ← x / max(‖x‖₂, eps)` (the sum of squares in f64).
+    pub l2_norm: fn(x: &mut [f32], eps: f32),
+    /// In-place softmax: max-subtracted, the normalizer summed in f64.
+    pub softmax: fn(x: &mut [f32]),
+    /// `x ← eˣ`.
+    pub exp: fn(x: &mut [f32]),
+    /// `x ← σ(x) = 1 / (1 + e⁻ˣ)`.
+    pub sigmoid: fn(x: &mut [f32]),
+    /// `x ← silu(x) = x · σ(x)`.
+    pub silu: fn(x: &mut [f32]),
+    /// SwiGLU: `g ← silu(g) · u`.
+    pub swiglu: fn(g: &mut [f32], u: &[f32]),
+    /// `x ← x · silu(z)` (the gate of DeltaNet's gated norm).
+    pub silu_mul: fn(x: &mut [f32], z: &[f32]),
+    /// `x ← x · σ(g)` (the output gate of full attention).
+    pub sigmoid_mul: fn(x: &mut [f32], g: &[f32]),
+    /// NEOX RoPE with precomputed angles: for `i < h = cos.len()`, `(x[i], x[i+h])` is rotated by the
+    /// angle whose cosine and sine are `cos[i]`, `sin[i]`; `x[2h..]` is left alone.
+    pub rope: fn(x: &mut [f32], cos: &[f32], sin: &[f32]),
 }
 
 /// Every table this CPU can run, lowest first (always starts with scalar).

@@ -1,22 +1,64 @@
 //! Element-wise and per-vector ops shared by the model blocks, all in f32 with f64 sums where ggml has them.
+//! The slice ops run through the kernel table ([`super::kernels`]`().ops`): SIMD versions held by tests to
+//! the scalar references in [`super::scalar`].
 
 /// `x ← x / sqrt(mean(x²) + eps) ⊙ w` (the sum in f64, as ggml's `rms_norm`).
 pub fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
-    for (v, w) in x.iter_mut().zip(w) {
-        *v = *v * scale * w;
-    }
+    (super::kernels().ops.rms_norm)(x, w, eps)
 }
 
 /// `x ← x / max(‖x‖₂, eps)` (llama.cpp's `l2_norm`; transformers puts eps inside the sqrt, which only
 /// differs for near-zero vectors).
 pub fn l2_norm(x: &mut [f32], eps: f32) {
-    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / ss.sqrt().max(eps as f64)) as f32;
-    for v in x.iter_mut() {
-        *v *= scale;
-    }
+    (super::kernels().ops.l2_norm)(x, eps)
+}
+
+/// `x ← eˣ` element-wise.
+pub fn exp_in_place(x: &mut [f32]) {
+    (super::kernels().ops.exp)(x)
+}
+
+/// `x ← σ(x)` element-wise.
+pub fn sigmoid_in_place(x: &mut [f32]) {
+    (super::kernels().ops.sigmoid)(x)
+}
+
+/// `x ← silu(x)` element-wise.
+pub fn silu_in_place(x: &mut [f32]) {
+    (super::kernels().ops.silu)(x)
+}
+
+/// SwiGLU: `g ← silu(g) ⊙ u`.
+pub fn swiglu(g: &mut [f32], u: &[f32]) {
+    (super::kernels().ops.swiglu)(g, u)
+}
+
+/// `x ← x ⊙ silu(z)`.
+pub fn silu_mul(x: &mut [f32], z: &[f32]) {
+    (super::kernels().ops.silu_mul)(x, z)
+}
+
+/// `x ← x ⊙ σ(g)`.
+pub fn sigmoid_mul(x: &mut [f32], g: &[f32]) {
+    (super::kernels().ops.sigmoid_mul)(x, g)
+}
+
+/// NEOX RoPE with the angles of [`rope_cos_sin`]: pairs `(x[i], x[i + h])`, `i < h = cos.len()`, rotated;
+/// the rest of `x` is left alone.
+pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    (super::kernels().ops.rope)(x, cos, sin)
+}
+
+/// Cosines and sines of the NEOX RoPE angles `pos · base^(−2i/n_rot)`, `i < n_rot/2`, computed in f64 so
+/// large positions keep their precision: once per position, for every head.
+pub fn rope_cos_sin(pos: usize, n_rot: usize, base: f32) -> (Vec<f32>, Vec<f32>) {
+    (0..n_rot / 2)
+        .map(|i| {
+            let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let (sin, cos) = theta.sin_cos();
+            (cos as f32, sin as f32)
+        })
+        .unzip()
 }
 
 pub fn sigmoid(x: f32) -> f32 {
@@ -69,14 +111,5 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 
 /// In-place softmax: max-subtracted, the normalizer summed in f64 (as ggml).
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f64;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v as f64;
-    }
-    let inv = (1.0 / sum) as f32;
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    (super::kernels().ops.softmax)(x)
 }

@@ -1,7 +1,8 @@
 //! The scalar reference kernels: every SIMD path is tested against these.
 
 use super::attend::attend_ref;
-use super::dispatch::{Isa, Kernels};
+use super::dispatch::{Isa, Kernels, OpsFns};
+use super::ops::{sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -11,6 +12,21 @@ pub static KERNELS: Kernels = Kernels {
     quantize_act,
     attend_f32: attend_ref::<f32>,
     attend_f16: attend_ref::<half::f16>,
+    ops: OPS,
+};
+
+/// The reference element-wise ops.
+pub static OPS: OpsFns = OpsFns {
+    rms_norm: rms_norm_ref,
+    l2_norm: l2_norm_ref,
+    softmax: softmax_ref,
+    exp: exp_ref,
+    sigmoid: sigmoid_ref,
+    silu: silu_ref,
+    swiglu: swiglu_ref,
+    silu_mul: silu_mul_ref,
+    sigmoid_mul: sigmoid_mul_ref,
+    rope: rope_ref,
 };
 
 /// Quantized weight rows · quantized activation rows, block by block (`BlockFormat::vec_dot_ref`).
@@ -86,4 +102,77 @@ pub fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
         |i| quant::f32_from_bf16(u16::from_le_bytes([w[2 * i], w[2 * i + 1]])),
         a,
     )
+}
+
+/// `x ← x / sqrt(mean(x²) + eps) ⊙ w` (the sum in f64, as ggml's `rms_norm`).
+pub fn rms_norm_ref(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for (v, w) in x.iter_mut().zip(w) {
+        *v = *v * scale * w;
+    }
+}
+
+/// `x ← x / max(‖x‖₂, eps)` (llama.cpp's `l2_norm`; transformers puts eps inside the sqrt, which only
+/// differs for near-zero vectors).
+pub fn l2_norm_ref(x: &mut [f32], eps: f32) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / ss.sqrt().max(eps as f64)) as f32;
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+}
+
+/// In-place softmax: max-subtracted, the normalizer summed in f64 (as ggml).
+pub fn softmax_ref(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+
+pub fn exp_ref(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = v.exp());
+}
+
+pub fn sigmoid_ref(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = sigmoid(*v));
+}
+
+pub fn silu_ref(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = silu(*v));
+}
+
+pub fn swiglu_ref(g: &mut [f32], u: &[f32]) {
+    for (g, u) in g.iter_mut().zip(u) {
+        *g = silu(*g) * u;
+    }
+}
+
+pub fn silu_mul_ref(x: &mut [f32], z: &[f32]) {
+    for (x, z) in x.iter_mut().zip(z) {
+        *x *= silu(*z);
+    }
+}
+
+pub fn sigmoid_mul_ref(x: &mut [f32], g: &[f32]) {
+    for (x, g) in x.iter_mut().zip(g) {
+        *x *= sigmoid(*g);
+    }
+}
+
+pub fn rope_ref(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = cos.len();
+    assert!(sin.len() == half && x.len() >= 2 * half, "rope lengths");
+    for i in 0..half {
+        let (a, b) = (x[i], x[i + half]);
+        x[i] = a * cos[i] - b * sin[i];
+        x[i + half] = a * sin[i] + b * cos[i];
+    }
 }

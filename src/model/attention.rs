@@ -8,7 +8,7 @@ use super::for_rows;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use crate::kernels::attend::{attend, KvElem, KvPages};
-use crate::kernels::ops::{rms_norm, sigmoid};
+use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 
 /// Element type of the KV cache. F16 halves its memory (12 KiB instead of 24 KiB per token for
@@ -199,15 +199,8 @@ impl KvCache {
 /// Rotates pairs `(i, i + n_rot/2)` of the first `n_rot` dims by `θ_i = pos · base^(−2i/n_rot)`; the rest
 /// of the head is left alone. Angles in f64 so large positions keep their precision.
 pub fn rope_neox(x: &mut [f32], pos: usize, n_rot: usize, base: f32) {
-    let half = n_rot / 2;
-    for i in 0..half {
-        let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
-        let (sin, cos) = theta.sin_cos();
-        let (sin, cos) = (sin as f32, cos as f32);
-        let (a, b) = (x[i], x[i + half]);
-        x[i] = a * cos - b * sin;
-        x[i + half] = a * sin + b * cos;
-    }
+    let (cos, sin) = rope_cos_sin(pos, n_rot, base);
+    rope(x, &cos, &sin);
 }
 
 /// `a`: `[T × d]` normed inputs at positions `pos0..pos0+T`; writes the block output `[T × d]` to `out`.
@@ -236,10 +229,11 @@ pub fn forward(
     let mut gate = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
     for_rows(&mut q, nh * hd, |t, q| {
         let qg = &qg[t * 2 * nh * hd..][..2 * nh * hd];
+        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
         for (j, dst) in q.chunks_exact_mut(hd).enumerate() {
             dst.copy_from_slice(&qg[2 * hd * j..][..hd]);
             rms_norm(dst, &w.q_norm, hp.rms_eps);
-            rope_neox(dst, pos0 + t, hp.n_rot, hp.rope_base);
+            rope(dst, &cos, &sin);
         }
     });
     for_rows(&mut gate, nh * hd, |t, g| {
@@ -249,9 +243,10 @@ pub fn forward(
         }
     });
     for_rows(&mut k, nkv * hd, |t, k| {
+        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
-            rope_neox(k, pos0 + t, hp.n_rot, hp.rope_base);
+            rope(k, &cos, &sin);
         }
     });
     cache.push(&k, &v);
@@ -263,9 +258,7 @@ pub fn forward(
         KvCache::F32(c) => attend_all(c, &q, nh, nkv, hd, pos0, &mut o),
     }
     for_rows(&mut o, nh * hd, |t, o| {
-        for (o, g) in o.iter_mut().zip(&gate[t * nh * hd..][..nh * hd]) {
-            *o *= sigmoid(*g);
-        }
+        sigmoid_mul(o, &gate[t * nh * hd..][..nh * hd]);
     });
     matmul(&w.wo, &o, n_tok, out);
 }

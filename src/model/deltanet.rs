@@ -7,7 +7,9 @@ use super::for_rows;
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
 use crate::kernels::fgemm::{gemm, transpose};
-use crate::kernels::ops::{axpy, dot, l2_norm, rms_norm, sigmoid, silu, softplus};
+use crate::kernels::ops::{
+    axpy, dot, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
+};
 use crate::kernels::{matmul, matmuls};
 
 /// Tokens per chunk of the chunked form (transformers and llama.cpp both use 64).
@@ -139,9 +141,7 @@ pub fn forward(
         for (h, dst) in n.chunks_exact_mut(dv).enumerate() {
             dst.copy_from_slice(&o_heads[(h * n_tok + t) * dv..][..dv]);
             rms_norm(dst, &w.norm, hp.rms_eps);
-            for (x, z) in dst.iter_mut().zip(&z[t * nv + h * dv..][..dv]) {
-                *x *= silu(*z);
-            }
+            silu_mul(dst, &z[t * nv + h * dv..][..dv]);
         }
     });
     matmul(&w.wout, &n, n_tok, out);
@@ -174,7 +174,7 @@ fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) 
                 *y += w * x;
             }
         }
-        yt.iter_mut().for_each(|v| *v = silu(*v));
+        silu_in_place(yt);
     });
     for ch in 0..c {
         for i in 0..ks {

@@ -2,7 +2,7 @@
 
 use super::for_rows;
 use super::weights::LayerWeights;
-use crate::kernels::ops::silu;
+use crate::kernels::ops::swiglu;
 use crate::kernels::{matmul, matmuls};
 
 /// `f`: `[T × d]` normed inputs; writes `[T × d]` to `out`.
@@ -16,9 +16,7 @@ pub fn forward(w: &LayerWeights, f: &[f32], n_tok: usize, out: &mut [f32]) {
         &mut [(&w.ffn_gate, &mut gate), (&w.ffn_up, &mut up)],
     );
     for_rows(&mut gate, ff, |t, g| {
-        for (g, u) in g.iter_mut().zip(&up[t * ff..][..ff]) {
-            *g = silu(*g) * u;
-        }
+        swiglu(g, &up[t * ff..][..ff]);
     });
     matmul(&w.ffn_down, &gate, n_tok, out);
 }

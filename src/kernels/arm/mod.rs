@@ -10,6 +10,7 @@ mod float;
 mod kquants;
 mod legacy;
 mod neon;
+mod ops;
 mod quantize;
 #[cfg(test)]
 mod tests;
@@ -26,6 +27,7 @@ pub static NEON: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    ops: ops::OPS,
 };
 
 /// NEON with FEAT_DotProd: `sdot` integer dot products.
@@ -36,6 +38,7 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    ops: ops::OPS,
 };
 
 /// The tables this CPU runs, lowest first.

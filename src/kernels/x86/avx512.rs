@@ -15,6 +15,7 @@ pub static KERNELS: Kernels = Kernels {
     quantize_act,
     attend_f32: super::attend::entry::<f32>,
     attend_f16: super::attend::entry::<half::f16>,
+    ops: super::ops::OPS,
 };
 
 /// The CPU features every function below is compiled for.

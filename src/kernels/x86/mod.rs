@@ -19,6 +19,7 @@ pub mod avx512;
 mod float;
 mod kquants;
 mod legacy;
+pub(crate) mod ops;
 mod quantize;
 
 /// The integer dot-product primitives that differ between AVX2 and AVX-512 VNNI. Both implementations
