@@ -20,15 +20,15 @@ fn main() -> Result<()> {
     let model = Model::load(&f)?;
     let mut s = Session::new(&model, Some(256));
     let prompt = [1u32, 2, 3, 4, 5, 6, 7, 8];
-    let mut logits = s.forward_last(&prompt)?;
+    let mut logits = s.forward_last_ref(&prompt)?;
     for _ in 0..n {
-        let next = argmax(&logits);
-        logits = s.forward_last(&[next])?;
+        let next = argmax(logits);
+        logits = s.forward_last_ref(&[next])?;
     }
     let sum: f64 = logits.iter().map(|&x| x as f64).sum();
     println!(
         "decoded {n} tokens, next {}, logit sum {sum:.6}",
-        argmax(&logits)
+        argmax(logits)
     );
     Ok(())
 }
