@@ -173,13 +173,16 @@ impl<'m> Session<'m> {
     /// [`forward_last`](Self::forward_last) without allocating: the logits `[n_vocab]` stay in the
     /// session's buffer until the next call.
     pub fn forward_last_ref(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        self.run(tokens, Logits::Last, &mut |_, _, _| {}, &mut |_| {})?;
+        let mut logits = std::mem::take(&mut self.scratch.logits);
+        let done = self.run(tokens, Logits::Last, &mut |_, _, _| {}, &mut logits);
+        self.scratch.logits = logits;
+        done?;
         Ok(&self.scratch.logits[..self.model.n_vocab()])
     }
 
     /// Feeds `tokens` without computing logits (e.g. chat history before a snapshot).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.run(tokens, Logits::None, &mut |_, _, _| {}, &mut |_| {})
+        self.run(tokens, Logits::None, &mut |_, _, _| {}, &mut Vec::new())
     }
 
     /// [`forward`](Self::forward), calling `observe(layer, pos0, x)` with the residual stream `x`
@@ -189,20 +192,19 @@ impl<'m> Session<'m> {
         tokens: &[u32],
         observe: &mut dyn FnMut(usize, usize, &[f32]),
     ) -> Result<Vec<f32>> {
-        let mut logits = Vec::new();
-        self.run(tokens, Logits::All, observe, &mut |l| {
-            logits.extend_from_slice(l)
-        })?;
+        let mut logits = Vec::with_capacity(tokens.len() * self.model.n_vocab());
+        self.run(tokens, Logits::All, observe, &mut logits)?;
         Ok(logits)
     }
 
-    /// Runs `tokens` through the model a ubatch at a time, handing each ubatch's logits to `each`.
+    /// Runs `tokens` through the model a ubatch at a time; logits go to `out` as [`Session::ubatch`]
+    /// writes them.
     fn run(
         &mut self,
         tokens: &[u32],
         which: Logits,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
-        each: &mut dyn FnMut(&[f32]),
+        out: &mut Vec<f32>,
     ) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to evaluate");
@@ -225,19 +227,20 @@ impl<'m> Session<'m> {
                 Logits::Last if i + 1 < n_batches => Logits::None,
                 other => other,
             };
-            each(self.ubatch(batch, want, observe)?);
+            self.ubatch(batch, want, observe, out)?;
         }
         Ok(())
     }
 
-    /// One pass of up to [`UBATCH`] tokens through all layers; returns the logits asked for (held in
-    /// the scratch buffers).
+    /// One pass of up to [`UBATCH`] tokens through all layers. Logits: all positions' are appended to
+    /// `out` (`[T × V]`); the last position's overwrite its first `V` elements (growing it only once).
     fn ubatch(
         &mut self,
         tokens: &[u32],
         which: Logits,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
-    ) -> Result<&[f32]> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let (hp, w) = (&self.model.hp, &self.model.w);
         let (d, n_tok, pos0) = (hp.n_embd, tokens.len(), self.pos);
         let s = &mut self.scratch;
@@ -267,22 +270,26 @@ impl<'m> Session<'m> {
         }
         self.pos += n_tok;
 
-        let h = match which {
-            Logits::All => &x[..],
-            Logits::Last => &x[(n_tok - 1) * d..],
-            Logits::None => return Ok(&[]),
+        let (h, logits) = match which {
+            Logits::All => {
+                let start = out.len();
+                out.resize(start + n_tok * w.output.n_out, 0.0);
+                (&x[..], &mut out[start..]) // [T × d] → [T × V]
+            }
+            Logits::Last => (&x[(n_tok - 1) * d..], grow(out, w.output.n_out)), // [d] → [V]
+            Logits::None => return Ok(()),
         };
         let n_out = h.len() / d;
-        let hn = &mut a[..h.len()];
+        let hn = &mut a[..h.len()]; // the normed rows, in a's buffer
         norm_rows(h, &w.output_norm, hp.rms_eps, hn);
-        let logits = grow(&mut s.logits, n_out * w.output.n_out); // [T × V] or [V]
         matmul(&w.output, hn, n_out, logits);
-        Ok(logits)
+        Ok(())
     }
 }
 
 /// A session's activation buffers for one ubatch, grown to the largest ubatch seen and then reused,
-/// so that decoding allocates nothing. A clone (a snapshot) starts empty: buffers are not state.
+/// so that decoding allocates nothing (`logits`: one row, for [`Session::forward_last_ref`]). A clone (a
+/// snapshot) starts empty: buffers are not state.
 #[derive(Default)]
 struct Scratch {
     x: Vec<f32>,
