@@ -178,7 +178,7 @@ pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<Test
                 let n = if timed { n } else { 1 };
                 let mut tok = rng.next(n_vocab);
                 for _ in 0..n {
-                    s.forward_last(&[tok])?;
+                    s.forward_last_ref(&[tok])?;
                     tok = rng.next(n_vocab);
                 }
             }

@@ -61,7 +61,7 @@ pub fn generate(
     for &t in prompt {
         sampler.accept(t);
     }
-    let mut logits = session.forward_last(prompt)?;
+    let mut logits = session.forward_last_ref(prompt)?;
     let prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
@@ -74,7 +74,7 @@ pub fn generate(
         if max_new.is_some_and(|m| n >= m) {
             break Stop::Length;
         }
-        let id = sampler.sample(&logits);
+        let id = sampler.sample(logits);
         if tok.is_eog(id) {
             break Stop::EndOfText;
         }
@@ -87,7 +87,7 @@ pub fn generate(
         if session.pos() >= session.n_ctx() {
             break Stop::Context;
         }
-        logits = session.forward_last(&[id])?;
+        logits = session.forward_last_ref(&[id])?;
     };
     let rest = decoder.flush();
     if !rest.is_empty() {

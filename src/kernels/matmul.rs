@@ -5,6 +5,8 @@
 //! once to the weight type's `vec_dot_type` (Q8_0, Q8_1 or Q8_K), then every weight row is dotted with it
 //! block by block. Work is split over output rows; a weight row is read once and used for every token.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use super::kernels;
@@ -56,11 +58,26 @@ pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
     matmuls(x, n_tokens, &mut [(w, out)]);
 }
 
-/// [`matmul`] for several weights that read the same input `x`: the activations are quantized once per
-/// activation type and every product runs in one parallel region (one fork/join instead of one each).
+/// Most weights one [`matmuls`] call takes (DeltaNet's input projections are four).
+pub const MAX_JOBS: usize = 4;
+
+thread_local! {
+    /// The calling thread's quantized activations, kept from one [`matmuls`] call to the next so that
+    /// decoding allocates nothing (grown to the largest call; a nested call finds it taken and uses its
+    /// own).
+    static ACT_BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// [`matmul`] for several weights (at most [`MAX_JOBS`]) that read the same input `x`: the activations
+/// are quantized once per activation type and every product runs in one parallel region (one
+/// fork/join instead of one each).
 pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
     let k = kernels();
     let n_in = x.len() / n_tokens.max(1);
+    assert!(
+        jobs.len() <= MAX_JOBS,
+        "at most {MAX_JOBS} weights per call"
+    );
     for (w, out) in jobs.iter() {
         assert_eq!(w.n_in, n_in, "{}: activation length", w.name);
         assert_eq!(x.len(), n_tokens * w.n_in, "{}: activation length", w.name);
@@ -69,73 +86,97 @@ pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
     if n_tokens == 0 {
         return;
     }
-    // Quantize every activation row once per activation type; every weight of that type reuses it.
-    let mut acts: Vec<(GgmlType, Vec<u8>)> = Vec::new();
-    for (w, _) in jobs.iter() {
-        if is_float(w.ty) || acts.iter().any(|(t, _)| *t == w.ty.vec_dot_type()) {
+    let act_bytes = |w: &Weight| {
+        w.ty.vec_dot_type()
+            .row_bytes(n_in as u64)
+            .expect("row length checked at load") as usize
+    };
+    // Every activation row is quantized once per activation type, and every weight of that type reuses
+    // it: job `j`'s quantized rows start at `at[j]` in `buf` (`None` for float weights); `fresh[j]`
+    // marks the first job of each type, which quantizes them.
+    let mut at = [None; MAX_JOBS];
+    let mut fresh = [false; MAX_JOBS];
+    let mut len = 0;
+    for (j, (w, _)) in jobs.iter().enumerate() {
+        if is_float(w.ty) {
             continue;
         }
         let act = w.ty.vec_dot_type();
-        let act_bytes = act
-            .row_bytes(n_in as u64)
-            .expect("row length checked at load") as usize;
-        let mut q = vec![0u8; n_tokens * act_bytes];
+        at[j] = match (0..j).find(|&i| at[i].is_some() && jobs[i].0.ty.vec_dot_type() == act) {
+            Some(i) => at[i],
+            None => {
+                fresh[j] = true;
+                let start = len;
+                len += n_tokens * act_bytes(w);
+                Some(start)
+            }
+        };
+    }
+    let mut buf = ACT_BUF.take();
+    if buf.len() < len {
+        buf.resize(len, 0);
+    }
+    for (j, (w, _)) in jobs.iter().enumerate() {
+        let (Some(start), true) = (at[j], fresh[j]) else {
+            continue;
+        };
+        let (act, ab) = (w.ty.vec_dot_type(), act_bytes(w));
+        let q = &mut buf[start..start + n_tokens * ab];
         if n_tokens == 1 {
-            (k.quantize_act)(act, x, &mut q);
+            (k.quantize_act)(act, x, q);
         } else {
-            q.par_chunks_mut(act_bytes)
+            q.par_chunks_mut(ab)
                 .zip(x.par_chunks(n_in))
                 .for_each(|(q, x)| (k.quantize_act)(act, x, q));
         }
-        acts.push((act, q));
     }
 
-    // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row block,
-    // so consecutive items (one thread's share) reuse the same weight rows while they are in cache.
-    let tok_block = n_tokens.min(TOKEN_BLOCK);
-    let n_tok_blocks = n_tokens.div_ceil(tok_block);
-    let plans: Vec<Plan> = jobs
-        .iter_mut()
-        .map(|(w, out)| {
-            let rows = rows_per_item(w, n_tokens);
-            Plan {
-                w,
-                act: acts
-                    .iter()
-                    .find(|(t, _)| !is_float(w.ty) && *t == w.ty.vec_dot_type())
-                    .map(|(_, q)| q.as_slice()),
-                out: OutPtr(out.as_mut_ptr()),
-                rows,
-                n_items: w.n_out.div_ceil(rows) * n_tok_blocks,
-            }
-        })
-        .collect();
-    let first_item: Vec<usize> = plans
-        .iter()
-        .scan(0, |n, p| {
-            let first = *n;
-            *n += p.n_items;
-            Some(first)
-        })
-        .collect();
-    let n_items: usize = plans.iter().map(|p| p.n_items).sum();
-    let run = |item: usize| {
-        let j = first_item.partition_point(|&f| f <= item) - 1;
-        let p = &plans[j];
-        let local = item - first_item[j];
-        let (r0, t0) = (
-            local / n_tok_blocks * p.rows,
-            local % n_tok_blocks * tok_block,
-        );
-        let rr = p.rows.min(p.w.n_out - r0);
-        let tt = tok_block.min(n_tokens - t0);
-        p.block(x, r0, rr, t0, tt, n_tokens);
-    };
-    if n_items == 1 {
-        run(0);
-    } else {
-        (0..n_items).into_par_iter().for_each(run);
+    {
+        // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row
+        // block, so consecutive items (one thread's share) reuse the same weight rows while they are in
+        // cache.
+        let tok_block = n_tokens.min(TOKEN_BLOCK);
+        let n_tok_blocks = n_tokens.div_ceil(tok_block);
+        let n_jobs = jobs.len();
+        let mut jobs = jobs.iter_mut().enumerate();
+        let plans: [Option<Plan>; MAX_JOBS] = std::array::from_fn(|_| {
+            jobs.next().map(|(j, (w, out))| {
+                let rows = rows_per_item(w, n_tokens);
+                Plan {
+                    w,
+                    act: at[j].map(|start| &buf[start..start + n_tokens * act_bytes(w)]),
+                    out: OutPtr(out.as_mut_ptr()),
+                    rows,
+                    n_items: w.n_out.div_ceil(rows) * n_tok_blocks,
+                }
+            })
+        });
+        let mut first_item = [0; MAX_JOBS];
+        let mut n_items = 0;
+        for (first, p) in first_item.iter_mut().zip(plans.iter().flatten()) {
+            *first = n_items;
+            n_items += p.n_items;
+        }
+        let first_item = &first_item[..n_jobs];
+        let run = |item: usize| {
+            let j = first_item.partition_point(|&f| f <= item) - 1;
+            let p = plans[j].as_ref().expect("a plan per job");
+            let local = item - first_item[j];
+            let (r0, t0) = (
+                local / n_tok_blocks * p.rows,
+                local % n_tok_blocks * tok_block,
+            );
+            let rr = p.rows.min(p.w.n_out - r0);
+            let tt = tok_block.min(n_tokens - t0);
+            p.block(x, r0, rr, t0, tt, n_tokens);
+        };
+        if n_items == 1 {
+            run(0);
+        } else {
+            (0..n_items).into_par_iter().for_each(run);
+        }
     }
+    ACT_BUF.set(buf);
 }
 
 /// Weight rows per work item in prefill (a multiple of every kernel's row tile).

@@ -4,9 +4,9 @@
 use half::f16;
 use rayon::prelude::*;
 
-use super::for_rows;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
+use super::{for_rows, grow};
 use crate::kernels::attend::{attend, KvElem, KvPages};
 use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
@@ -203,7 +203,17 @@ pub fn rope_neox(x: &mut [f32], pos: usize, n_rot: usize, base: f32) {
     rope(x, &cos, &sin);
 }
 
+/// Attention's activation buffers (see [`super::Scratch`]).
+#[derive(Default)]
+pub struct Scratch {
+    qg: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    o: Vec<f32>,
+}
+
 /// `a`: `[T × d]` normed inputs at positions `pos0..pos0+T`; writes the block output `[T × d]` to `out`.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &AttentionWeights,
     hp: &HParams,
@@ -212,62 +222,58 @@ pub fn forward(
     pos0: usize,
     a: &[f32],
     out: &mut [f32],
+    s: &mut Scratch,
 ) {
     let (nh, nkv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
     let n_tok = a.len() / hp.n_embd;
     debug_assert_eq!(cache.len(), pos0, "KV cache and position out of step");
     // QG: [T × H × (q: hd | gate: hd)] — per-head interleaved, not [all q | all gates].
-    let mut qg = vec![0f32; n_tok * 2 * nh * hd];
-    let mut k = vec![0f32; n_tok * nkv * hd]; // [T × Hkv × hd]
-    let mut v = vec![0f32; n_tok * nkv * hd]; // [T × Hkv × hd]
+    let qg = grow(&mut s.qg, n_tok * 2 * nh * hd);
+    let k = grow(&mut s.k, n_tok * nkv * hd); // [T × Hkv × hd]
+    let v = grow(&mut s.v, n_tok * nkv * hd); // [T × Hkv × hd]
     matmuls(
         a,
         n_tok,
-        &mut [(&w.wq, &mut qg), (&w.wk, &mut k), (&w.wv, &mut v)],
+        &mut [(&w.wq, &mut *qg), (&w.wk, &mut *k), (&w.wv, &mut *v)],
     );
-    let mut q = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
-    let mut gate = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
-    for_rows(&mut q, nh * hd, |t, q| {
-        let qg = &qg[t * 2 * nh * hd..][..2 * nh * hd];
+    // q (the first half of every head's pair) normed and rotated in place; the gates stay where they are.
+    for_rows(qg, 2 * nh * hd, |t, qg| {
         let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
-        for (j, dst) in q.chunks_exact_mut(hd).enumerate() {
-            dst.copy_from_slice(&qg[2 * hd * j..][..hd]);
+        for pair in qg.chunks_exact_mut(2 * hd) {
+            let dst = &mut pair[..hd];
             rms_norm(dst, &w.q_norm, hp.rms_eps);
             rope(dst, &cos, &sin);
         }
     });
-    for_rows(&mut gate, nh * hd, |t, g| {
-        let qg = &qg[t * 2 * nh * hd..][..2 * nh * hd];
-        for (j, dst) in g.chunks_exact_mut(hd).enumerate() {
-            dst.copy_from_slice(&qg[2 * hd * j + hd..][..hd]);
-        }
-    });
-    for_rows(&mut k, nkv * hd, |t, k| {
+    for_rows(k, nkv * hd, |t, k| {
         let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
             rope(k, &cos, &sin);
         }
     });
-    cache.push(&k, &v);
+    cache.push(k, v);
 
     // o[t][j] = Σ_τ softmax_τ(q·k_τ / √hd) v_τ over τ ≤ pos0 + t, KV head m = j / (H/Hkv).
-    let mut o = vec![0f32; n_tok * nh * hd]; // [T × H × hd]
+    let o = grow(&mut s.o, n_tok * nh * hd); // [T × H × hd]
     match cache {
-        KvCache::F16(c) => attend_all(c, &q, nh, nkv, hd, pos0, &mut o),
-        KvCache::F32(c) => attend_all(c, &q, nh, nkv, hd, pos0, &mut o),
+        KvCache::F16(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),
+        KvCache::F32(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),
     }
-    for_rows(&mut o, nh * hd, |t, o| {
-        sigmoid_mul(o, &gate[t * nh * hd..][..nh * hd]);
+    for_rows(o, nh * hd, |t, o| {
+        for (j, o) in o.chunks_exact_mut(hd).enumerate() {
+            sigmoid_mul(o, &qg[(t * nh + j) * 2 * hd + hd..][..hd]);
+        }
     });
-    matmul(&w.wo, &o, n_tok, out);
+    matmul(&w.wo, o, n_tok, out);
 }
 
-/// Every query head of every new token (`q`, `o`: `[T × H × hd]`, token `t` at position `pos0 + t`)
-/// against the cache, which already holds these tokens: causal, so token `t` sees `pos0 + t + 1` positions.
+/// Every query head of every new token (`qg`: `[T × H × (q | gate)]`, `o`: `[T × H × hd]`, token `t` at
+/// position `pos0 + t`) against the cache, which already holds these tokens: causal, so token `t` sees
+/// `pos0 + t + 1` positions.
 fn attend_all<T: KvElem>(
     c: &KvPaged<T>,
-    q: &[f32],
+    qg: &[f32],
     nh: usize,
     nkv: usize,
     hd: usize,
@@ -278,7 +284,7 @@ fn attend_all<T: KvElem>(
     let scale = 1.0 / (hd as f32).sqrt();
     o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
         let (t, j) = (idx / nh, idx % nh);
-        let q = &q[idx * hd..][..hd];
+        let q = &qg[idx * 2 * hd..][..hd];
         attend(q, c.head(j / group, hd), pos0 + t + 1, scale, o);
     });
 }

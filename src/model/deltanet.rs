@@ -3,9 +3,9 @@
 
 use rayon::prelude::*;
 
-use super::for_rows;
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
+use super::{for_rows, grow};
 use crate::kernels::fgemm::{gemm, transpose};
 use crate::kernels::ops::{
     axpy, dot, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
@@ -42,6 +42,23 @@ pub enum DeltaMode {
     Recurrent,
 }
 
+/// DeltaNet's activation buffers (see [`super::Scratch`]).
+#[derive(Default)]
+pub struct Scratch {
+    win: Vec<f32>,
+    y: Vec<f32>,
+    z: Vec<f32>,
+    beta: Vec<f32>,
+    g: Vec<f32>,
+    qh: Vec<f32>,
+    kh: Vec<f32>,
+    vh: Vec<f32>,
+    gh: Vec<f32>,
+    bh: Vec<f32>,
+    o: Vec<f32>,
+    n: Vec<f32>,
+}
+
 /// `a`: `[T × d]` normed inputs; writes the block output `[T × d]` to `out`.
 pub fn forward(
     w: &DeltaNetWeights,
@@ -50,82 +67,82 @@ pub fn forward(
     mode: DeltaMode,
     a: &[f32],
     out: &mut [f32],
+    buf: &mut Scratch,
 ) {
     let n_tok = a.len() / hp.n_embd;
     let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
-    let c = hp.conv_channels();
-    let mut u = vec![0f32; n_tok * c]; // [T × C]
-    let mut z = vec![0f32; n_tok * hv * dv]; // [T × Hv·dv]
-    let mut b = vec![0f32; n_tok * hv]; // [T × Hv]
-    let mut alpha = vec![0f32; n_tok * hv]; // [T × Hv]
+    let (c, ks) = (hp.conv_channels(), hp.conv_kernel - 1);
+    // The conv's input window [state (K−1 steps) | u (T steps)] × C: u is projected straight into it.
+    let win = grow(&mut buf.win, (ks + n_tok) * c);
+    let z = grow(&mut buf.z, n_tok * hv * dv); // [T × Hv·dv]
+    let b = grow(&mut buf.beta, n_tok * hv); // [T × Hv]
+    let alpha = grow(&mut buf.g, n_tok * hv); // [T × Hv]
     matmuls(
         a,
         n_tok,
         &mut [
-            (&w.wqkv, &mut u),
-            (&w.wz, &mut z),
-            (&w.wbeta, &mut b),
-            (&w.walpha, &mut alpha),
+            (&w.wqkv, &mut win[ks * c..]), // u: [T × C]
+            (&w.wz, &mut *z),
+            (&w.wbeta, &mut *b),
+            (&w.walpha, &mut *alpha),
         ],
     );
 
     // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
-    let y = conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, &u, c);
+    let y = grow(&mut buf.y, n_tok * c);
+    conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, win, y);
 
-    // Split into q, k [T × Hk × dk] and v [T × Hv × dv]; L2-norm q and k per head, q scaled by 1/√dk.
+    // Rows of y are [q: Hk × dk | k: Hk × dk | v: Hv × dv]; L2-norm q and k per head in place, q scaled
+    // by 1/√dk.
     let (nq, nv) = (hk * dk, hv * dv);
-    let mut q = vec![0f32; n_tok * nq];
-    let mut k = vec![0f32; n_tok * nq];
-    let mut v = vec![0f32; n_tok * nv];
     let q_scale = 1.0 / (dk as f32).sqrt();
-    for_rows(&mut q, nq, |t, q| {
-        q.copy_from_slice(&y[t * c..][..nq]);
+    for_rows(y, c, |_, row| {
+        let (q, k) = row[..2 * nq].split_at_mut(nq);
         for h in q.chunks_exact_mut(dk) {
             l2_norm(h, hp.rms_eps);
             h.iter_mut().for_each(|x| *x *= q_scale);
         }
-    });
-    for_rows(&mut k, nq, |t, k| {
-        k.copy_from_slice(&y[t * c + nq..][..nq]);
         for h in k.chunks_exact_mut(dk) {
             l2_norm(h, hp.rms_eps);
         }
     });
-    for_rows(&mut v, nv, |t, v| {
-        v.copy_from_slice(&y[t * c + 2 * nq..][..nv])
-    });
 
-    // β = σ(b); log-decay g = A · softplus(α + dt_bias) ≤ 0. Both [T × Hv].
-    let beta: Vec<f32> = b.iter().map(|&x| sigmoid(x)).collect();
-    let g: Vec<f32> = alpha
-        .iter()
+    // β = σ(b); log-decay g = A · softplus(α + dt_bias) ≤ 0. Both [T × Hv], in place.
+    b.iter_mut().for_each(|x| *x = sigmoid(*x));
+    alpha
+        .iter_mut()
         .enumerate()
-        .map(|(i, &x)| w.a[i % hv] * softplus(x + w.dt_bias[i % hv]))
-        .collect();
+        .for_each(|(i, x)| *x = w.a[i % hv] * softplus(*x + w.dt_bias[i % hv]));
+    let (beta, g) = (&*b, &*alpha);
+
+    // Per-head inputs, head-major: q, k [Hk × T × dk], v [Hv × T × dv], g, β [Hv × T]. One token's row
+    // already is in that order; several tokens' rows are regrouped.
+    let y = &*y;
+    let (q, k, v, g, beta) = if n_tok == 1 {
+        (&y[..nq], &y[nq..2 * nq], &y[2 * nq..], g, beta)
+    } else {
+        (
+            by_head(y, c, 0, dk, grow(&mut buf.qh, n_tok * nq)),
+            by_head(y, c, nq, dk, grow(&mut buf.kh, n_tok * nq)),
+            by_head(y, c, 2 * nq, dv, grow(&mut buf.vh, n_tok * nv)),
+            by_head(g, hv, 0, 1, grow(&mut buf.gh, n_tok * hv)),
+            by_head(beta, hv, 0, 1, grow(&mut buf.bh, n_tok * hv)),
+        )
+    };
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
-    let mut o_heads = vec![0f32; hv * n_tok * dv]; // [Hv × T × dv]
+    let o_heads = grow(&mut buf.o, hv * n_tok * dv); // [Hv × T × dv]
     st.s.par_chunks_mut(dv * dk)
         .zip(o_heads.par_chunks_mut(n_tok * dv))
         .enumerate()
         .for_each(|(h, (s, o))| {
             let kh = h % hk;
-            let gather = |x: &[f32], stride: usize, off: usize, n: usize| -> Vec<f32> {
-                (0..n_tok)
-                    .flat_map(|t| x[t * stride + off..][..n].iter().copied())
-                    .collect()
-            };
-            let qh = gather(&q, nq, kh * dk, dk);
-            let kh_ = gather(&k, nq, kh * dk, dk);
-            let vh = gather(&v, nv, h * dv, dv);
-            let gh = gather(&g, hv, h, 1);
-            let bh = gather(&beta, hv, h, 1);
             let heads = Head {
-                q: &qh,
-                k: &kh_,
-                v: &vh,
-                g: &gh,
-                beta: &bh,
+                q: &q[kh * n_tok * dk..][..n_tok * dk],
+                k: &k[kh * n_tok * dk..][..n_tok * dk],
+                v: &v[h * n_tok * dv..][..n_tok * dv],
+                g: &g[h * n_tok..][..n_tok],
+                beta: &beta[h * n_tok..][..n_tok],
                 dk,
                 dv,
             };
@@ -136,38 +153,43 @@ pub fn forward(
         });
 
     // Gated RMSNorm per head: RMSNorm(o_h; ssm_norm) ⊙ silu(z_h), back in token-major order [T × Hv·dv].
-    let mut n = vec![0f32; n_tok * nv];
-    for_rows(&mut n, nv, |t, n| {
+    let n = grow(&mut buf.n, n_tok * nv);
+    for_rows(n, nv, |t, n| {
         for (h, dst) in n.chunks_exact_mut(dv).enumerate() {
             dst.copy_from_slice(&o_heads[(h * n_tok + t) * dv..][..dv]);
             rms_norm(dst, &w.norm, hp.rms_eps);
             silu_mul(dst, &z[t * nv + h * dv..][..dv]);
         }
     });
-    matmul(&w.wout, &n, n_tok, out);
+    matmul(&w.wout, n, n_tok, out);
 }
 
-/// Causal depthwise conv + SiLU. `conv_w`: `[C][K]`; `state`: `[C][K−1]`, replaced by the last K−1 inputs.
-fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) -> Vec<f32> {
-    let n_tok = u.len() / c;
-    let ks = kk - 1;
-    // The input window [state (K−1 steps) | u (T steps)] and the taps as `[K][C]`, so that every step
-    // below runs over contiguous channels.
-    let mut win = vec![0f32; (ks + n_tok) * c];
+/// Regroups heads of `d` elements, found from element `off` of every row of `x` (`[T × stride]`), head
+/// by head into `out` (`[H × T × d]`).
+fn by_head<'a>(x: &[f32], stride: usize, off: usize, d: usize, out: &'a mut [f32]) -> &'a [f32] {
+    let n_tok = x.len() / stride;
+    for_rows(out, n_tok * d, |h, oh| {
+        for (t, o) in oh.chunks_exact_mut(d).enumerate() {
+            o.copy_from_slice(&x[t * stride + off + h * d..][..d]);
+        }
+    });
+    out
+}
+
+/// Causal depthwise conv + SiLU. `taps`: `[K][C]`; `win`: `[K−1+T][C]`, the window [state | u] with u
+/// already in place; `state`: `[C][K−1]`, copied into the window and replaced by its last K−1 inputs.
+/// Writes `y`: `[T × C]`.
+fn conv_silu(taps: &[f32], kk: usize, state: &mut [f32], win: &mut [f32], y: &mut [f32]) {
+    let (ks, c) = (kk - 1, taps.len() / kk);
+    let n_tok = y.len() / c;
     for ch in 0..c {
         for i in 0..ks {
             win[i * c + ch] = state[ch * ks + i];
         }
     }
-    win[ks * c..].copy_from_slice(u);
-    let mut taps = vec![0f32; kk * c];
-    for ch in 0..c {
-        for j in 0..kk {
-            taps[j * c + ch] = conv_w[ch * kk + j];
-        }
-    }
-    let mut y = vec![0f32; n_tok * c];
-    for_rows(&mut y, c, |t, yt| {
+    let win = &*win;
+    for_rows(y, c, |t, yt| {
+        yt.fill(0.0);
         for j in 0..kk {
             let (w, x) = (&taps[j * c..][..c], &win[(t + j) * c..][..c]);
             for ((y, w), x) in yt.iter_mut().zip(w).zip(x) {
@@ -181,7 +203,6 @@ fn conv_silu(conv_w: &[f32], kk: usize, state: &mut [f32], u: &[f32], c: usize) 
             state[ch * ks + i] = win[(n_tok + i) * c + ch];
         }
     }
-    y
 }
 
 /// One value head's inputs for `T` tokens: `q`, `k` `[T × dk]` (normed, q scaled), `v` `[T × dv]`,

@@ -76,6 +76,8 @@ pub struct Session<'m> {
     kv_type: KvType,
     pos: usize,
     layers: Vec<LayerState>,
+    /// Activation buffers, reused from call to call.
+    scratch: Scratch,
     /// Delta-rule form for multi-token calls (tests compare the two).
     pub delta_mode: DeltaMode,
 }
@@ -115,6 +117,7 @@ impl<'m> Session<'m> {
             kv_type,
             pos: 0,
             layers,
+            scratch: Scratch::default(),
             delta_mode: DeltaMode::default(),
         }
     }
@@ -159,18 +162,27 @@ impl<'m> Session<'m> {
 
     /// Feeds `tokens` (the continuation of the sequence) and returns logits for each: `[T × n_vocab]`.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.run(tokens, Logits::All, &mut |_, _, _| {})
+        self.forward_observed(tokens, &mut |_, _, _| {})
     }
 
     /// Like [`forward`](Self::forward) but computes only the last position's logits: `[n_vocab]`.
     pub fn forward_last(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.run(tokens, Logits::Last, &mut |_, _, _| {})
+        self.forward_last_ref(tokens).map(<[f32]>::to_vec)
+    }
+
+    /// [`forward_last`](Self::forward_last) without allocating: the logits `[n_vocab]` stay in the
+    /// session's buffer until the next call.
+    pub fn forward_last_ref(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        let mut logits = std::mem::take(&mut self.scratch.logits);
+        let done = self.run(tokens, Logits::Last, &mut |_, _, _| {}, &mut logits);
+        self.scratch.logits = logits;
+        done?;
+        Ok(&self.scratch.logits[..self.model.n_vocab()])
     }
 
     /// Feeds `tokens` without computing logits (e.g. chat history before a snapshot).
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
-        self.run(tokens, Logits::None, &mut |_, _, _| {})
-            .map(|_| ())
+        self.run(tokens, Logits::None, &mut |_, _, _| {}, &mut Vec::new())
     }
 
     /// [`forward`](Self::forward), calling `observe(layer, pos0, x)` with the residual stream `x`
@@ -180,15 +192,20 @@ impl<'m> Session<'m> {
         tokens: &[u32],
         observe: &mut dyn FnMut(usize, usize, &[f32]),
     ) -> Result<Vec<f32>> {
-        self.run(tokens, Logits::All, observe)
+        let mut logits = Vec::with_capacity(tokens.len() * self.model.n_vocab());
+        self.run(tokens, Logits::All, observe, &mut logits)?;
+        Ok(logits)
     }
 
+    /// Runs `tokens` through the model a ubatch at a time; logits go to `out` as [`Session::ubatch`]
+    /// writes them.
     fn run(
         &mut self,
         tokens: &[u32],
         which: Logits,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
-    ) -> Result<Vec<f32>> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to evaluate");
         }
@@ -204,65 +221,99 @@ impl<'m> Session<'m> {
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             bail!("token id {t} is out of range (vocabulary has {n_vocab} entries)");
         }
-        let mut logits = Vec::new();
         let n_batches = tokens.len().div_ceil(UBATCH);
         for (i, batch) in tokens.chunks(UBATCH).enumerate() {
             let want = match which {
                 Logits::Last if i + 1 < n_batches => Logits::None,
                 other => other,
             };
-            logits.extend(self.ubatch(batch, want, observe)?);
+            self.ubatch(batch, want, observe, out)?;
         }
-        Ok(logits)
+        Ok(())
     }
 
-    /// One pass of up to [`UBATCH`] tokens through all layers.
+    /// One pass of up to [`UBATCH`] tokens through all layers. Logits: all positions' are appended to
+    /// `out` (`[T × V]`); the last position's overwrite its first `V` elements (growing it only once).
     fn ubatch(
         &mut self,
         tokens: &[u32],
         which: Logits,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
-    ) -> Result<Vec<f32>> {
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let (hp, w) = (&self.model.hp, &self.model.w);
         let (d, n_tok, pos0) = (hp.n_embd, tokens.len(), self.pos);
+        let s = &mut self.scratch;
 
-        let mut x = vec![0f32; n_tok * d]; // residual stream [T × d]
+        let x = grow(&mut s.x, n_tok * d); // residual stream [T × d]
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
             w.embed(t, row)?;
         }
-        let mut a = vec![0f32; n_tok * d]; // normed input [T × d]
-        let mut m = vec![0f32; n_tok * d]; // block output [T × d]
+        let a = grow(&mut s.a, n_tok * d); // normed input [T × d]
+        let m = grow(&mut s.m, n_tok * d); // block output [T × d]
         for (il, (lw, st)) in w.layers.iter().zip(&mut self.layers).enumerate() {
-            norm_rows(&x, &lw.attn_norm, hp.rms_eps, &mut a);
+            norm_rows(x, &lw.attn_norm, hp.rms_eps, a);
             match (&lw.mixer, st) {
                 (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
-                    attention::forward(aw, hp, il, kv, pos0, &a, &mut m)
+                    attention::forward(aw, hp, il, kv, pos0, a, m, &mut s.attn)
                 }
                 (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
-                    deltanet::forward(dw, hp, ds, self.delta_mode, &a, &mut m)
+                    deltanet::forward(dw, hp, ds, self.delta_mode, a, m, &mut s.delta)
                 }
                 _ => unreachable!("layer states are built from the same layer kinds"),
             }
-            add(&mut x, &m, d);
-            norm_rows(&x, &lw.post_norm, hp.rms_eps, &mut a);
-            ffn::forward(lw, &a, n_tok, &mut m);
-            add(&mut x, &m, d);
-            observe(il, pos0, &x);
+            add(x, m, d);
+            norm_rows(x, &lw.post_norm, hp.rms_eps, a);
+            ffn::forward(lw, a, n_tok, m, &mut s.ffn);
+            add(x, m, d);
+            observe(il, pos0, x);
         }
         self.pos += n_tok;
 
-        let h = match which {
-            Logits::All => &x[..],
-            Logits::Last => &x[(n_tok - 1) * d..],
-            Logits::None => return Ok(Vec::new()),
+        let (h, logits) = match which {
+            Logits::All => {
+                let start = out.len();
+                out.resize(start + n_tok * w.output.n_out, 0.0);
+                (&x[..], &mut out[start..]) // [T × d] → [T × V]
+            }
+            Logits::Last => (&x[(n_tok - 1) * d..], grow(out, w.output.n_out)), // [d] → [V]
+            Logits::None => return Ok(()),
         };
         let n_out = h.len() / d;
-        let mut hn = vec![0f32; h.len()];
-        norm_rows(h, &w.output_norm, hp.rms_eps, &mut hn);
-        let mut logits = vec![0f32; n_out * w.output.n_out];
-        matmul(&w.output, &hn, n_out, &mut logits);
-        Ok(logits)
+        let hn = &mut a[..h.len()]; // the normed rows, in a's buffer
+        norm_rows(h, &w.output_norm, hp.rms_eps, hn);
+        matmul(&w.output, hn, n_out, logits);
+        Ok(())
     }
+}
+
+/// A session's activation buffers for one ubatch, grown to the largest ubatch seen and then reused,
+/// so that decoding allocates nothing (`logits`: one row, for [`Session::forward_last_ref`]). A clone (a
+/// snapshot) starts empty: buffers are not state.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    a: Vec<f32>,
+    m: Vec<f32>,
+    logits: Vec<f32>,
+    attn: attention::Scratch,
+    delta: deltanet::Scratch,
+    ffn: ffn::Scratch,
+}
+
+impl Clone for Scratch {
+    fn clone(&self) -> Scratch {
+        Scratch::default()
+    }
+}
+
+/// The first `len` elements of `buf`, growing it (zero-filled, once) if it is shorter. It never shrinks,
+/// and the contents are left as they are: callers overwrite what they read.
+pub(crate) fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
 }
 
 /// Runs `f(t, row)` for every row `t` of `x` (`[n × len]`): in parallel when there are several rows (a

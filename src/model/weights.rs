@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 
 use super::hparams::{HParams, LayerKind};
 use crate::gguf::GgufFile;
+use crate::kernels::fgemm::transpose;
 use crate::kernels::{can_multiply, Weight};
 use crate::quant;
 
@@ -25,7 +26,8 @@ pub struct DeltaNetWeights<'a> {
     pub wz: Weight<'a>,
     pub wbeta: Weight<'a>,
     pub walpha: Weight<'a>,
-    /// `[C][K]`: taps of channel `c`, oldest first.
+    /// `[K][C]`: tap `j` (oldest first) of every channel, transposed from the GGUF's `[C][K]` at load so
+    /// that the conv runs over contiguous channels.
     pub conv: Vec<f32>,
     pub dt_bias: Vec<f32>,
     /// `−exp(A_log)`, already negative.
@@ -155,7 +157,12 @@ impl<'a> Weights<'a> {
                         wz: l.matrix(&n("attn_gate.weight"), d, inner)?,
                         wbeta: l.matrix(&n("ssm_beta.weight"), d, hv)?,
                         walpha: l.matrix(&n("ssm_alpha.weight"), d, hv)?,
-                        conv: l.vector(&n("ssm_conv1d.weight"), &[hp.conv_kernel, c])?,
+                        conv: {
+                            let taps = l.vector(&n("ssm_conv1d.weight"), &[hp.conv_kernel, c])?;
+                            let mut t = vec![0f32; taps.len()];
+                            transpose(&taps, c, hp.conv_kernel, &mut t);
+                            t
+                        },
                         dt_bias: l.vector(&n("ssm_dt.bias"), &[hv])?,
                         a: l.vector(&n("ssm_a"), &[hv])?,
                         norm: l.vector(&n("ssm_norm.weight"), &[hp.d_v])?,

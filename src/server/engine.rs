@@ -271,7 +271,7 @@ impl Engine {
                 all_fed = false;
                 break Finish::Length;
             }
-            logits = session.forward_last(&[id]).map_err(|e| e.to_string())?;
+            logits.copy_from_slice(session.forward_last_ref(&[id]).map_err(|e| e.to_string())?);
         };
         if finish != Finish::Cancelled {
             let (rest, _) = stops.push(&decoder.flush());
