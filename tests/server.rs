@@ -503,6 +503,22 @@ fn endpoints_chat_completions_and_cache() {
     );
     let n = t["tokens"].as_array().unwrap().len();
     assert!(msg.contains(&n.to_string()), "{msg} ({n} tokens)");
+    // A 404 whose body arrives after the headers: the server reads it before answering, so the
+    // connection stays open for the next request (a pooling client would otherwise lose it).
+    {
+        let mut c = TcpStream::connect(&s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        c.write_all(b"POST /v1/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        c.write_all(b"{}GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out);
+        assert!(text.starts_with("HTTP/1.1 404"), "{text}");
+        assert!(text.contains("HTTP/1.1 200"), "second request lost: {text}");
+    }
     // Broken HTTP and a truncated body.
     let (st, _) = s.raw(b"GARBAGE\r\n\r\n");
     assert!((400..500).contains(&st), "{st}");

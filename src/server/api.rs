@@ -82,6 +82,11 @@ impl IntoResponse for ApiError {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body was never read: say so, rather than let a client reuse the connection.
+            r.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         r
     }
 }
@@ -97,11 +102,14 @@ fn json_body(v: &Value) -> Response {
         .into_response()
 }
 
-pub async fn not_found() -> ApiError {
+/// The body is read (and dropped) so the connection stays usable: hyper closes a keep-alive connection
+/// whose request body was left unread, and a client that pooled it fails its next request.
+pub async fn not_found(_body: Result<Bytes, BytesRejection>) -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "not_found_error", "no such endpoint").code("not_found")
 }
 
-pub async fn method_not_allowed() -> ApiError {
+/// Reads the body for the same reason as [`not_found`].
+pub async fn method_not_allowed(_body: Result<Bytes, BytesRejection>) -> ApiError {
     ApiError::new(
         StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
