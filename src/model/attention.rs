@@ -6,7 +6,7 @@ use rayon::prelude::*;
 
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
-use super::{for_rows, grow};
+use super::{carve, for_rows};
 use crate::kernels::attend::{attend, KvElem, KvPages};
 use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
@@ -203,15 +203,6 @@ pub fn rope_neox(x: &mut [f32], pos: usize, n_rot: usize, base: f32) {
     rope(x, &cos, &sin);
 }
 
-/// Attention's activation buffers (see [`super::Scratch`]).
-#[derive(Default)]
-pub struct Scratch {
-    qg: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    o: Vec<f32>,
-}
-
 /// `a`: `[T × d]` normed inputs at positions `pos0..pos0+T`; writes the block output `[T × d]` to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
@@ -222,15 +213,22 @@ pub fn forward(
     pos0: usize,
     a: &[f32],
     out: &mut [f32],
-    s: &mut Scratch,
+    arena: &mut Vec<f32>,
 ) {
     let (nh, nkv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
     let n_tok = a.len() / hp.n_embd;
     debug_assert_eq!(cache.len(), pos0, "KV cache and position out of step");
     // QG: [T × H × (q: hd | gate: hd)] — per-head interleaved, not [all q | all gates].
-    let qg = grow(&mut s.qg, n_tok * 2 * nh * hd);
-    let k = grow(&mut s.k, n_tok * nkv * hd); // [T × Hkv × hd]
-    let v = grow(&mut s.v, n_tok * nkv * hd); // [T × Hkv × hd]
+    // K, V: [T × Hkv × hd]; O: [T × H × hd].
+    let [qg, k, v, o] = carve(
+        arena,
+        [
+            n_tok * 2 * nh * hd,
+            n_tok * nkv * hd,
+            n_tok * nkv * hd,
+            n_tok * nh * hd,
+        ],
+    );
     matmuls(
         a,
         n_tok,
@@ -255,7 +253,6 @@ pub fn forward(
     cache.push(k, v);
 
     // o[t][j] = Σ_τ softmax_τ(q·k_τ / √hd) v_τ over τ ≤ pos0 + t, KV head m = j / (H/Hkv).
-    let o = grow(&mut s.o, n_tok * nh * hd); // [T × H × hd]
     match cache {
         KvCache::F16(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),
         KvCache::F32(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),

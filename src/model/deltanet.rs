@@ -5,7 +5,7 @@ use rayon::prelude::*;
 
 use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
-use super::{for_rows, grow};
+use super::{carve, for_rows};
 use crate::kernels::fgemm::{gemm, transpose};
 use crate::kernels::ops::{
     axpy, dot, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
@@ -42,23 +42,6 @@ pub enum DeltaMode {
     Recurrent,
 }
 
-/// DeltaNet's activation buffers (see [`super::Scratch`]).
-#[derive(Default)]
-pub struct Scratch {
-    win: Vec<f32>,
-    y: Vec<f32>,
-    z: Vec<f32>,
-    beta: Vec<f32>,
-    g: Vec<f32>,
-    qh: Vec<f32>,
-    kh: Vec<f32>,
-    vh: Vec<f32>,
-    gh: Vec<f32>,
-    bh: Vec<f32>,
-    o: Vec<f32>,
-    n: Vec<f32>,
-}
-
 /// `a`: `[T × d]` normed inputs; writes the block output `[T × d]` to `out`.
 pub fn forward(
     w: &DeltaNetWeights,
@@ -67,16 +50,31 @@ pub fn forward(
     mode: DeltaMode,
     a: &[f32],
     out: &mut [f32],
-    buf: &mut Scratch,
+    arena: &mut Vec<f32>,
 ) {
     let n_tok = a.len() / hp.n_embd;
     let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
     let (c, ks) = (hp.conv_channels(), hp.conv_kernel - 1);
     // The conv's input window [state (K−1 steps) | u (T steps)] × C: u is projected straight into it.
-    let win = grow(&mut buf.win, (ks + n_tok) * c);
-    let z = grow(&mut buf.z, n_tok * hv * dv); // [T × Hv·dv]
-    let b = grow(&mut buf.beta, n_tok * hv); // [T × Hv]
-    let alpha = grow(&mut buf.g, n_tok * hv); // [T × Hv]
+    // After the conv, the window's space holds the delta rule's output and the gated norm's.
+    let (nq, nv) = (hk * dk, hv * dv);
+    let heads = if n_tok == 1 { 0 } else { n_tok };
+    let [win_space, z, b, alpha, y, qh, kh, vh, gh, bh] = carve(
+        arena,
+        [
+            ((ks + n_tok) * c).max(2 * n_tok * nv),
+            n_tok * nv, // z: [T × Hv·dv]
+            n_tok * hv, // b: [T × Hv]
+            n_tok * hv, // α: [T × Hv]
+            n_tok * c,  // y: [T × C]
+            heads * nq, // regrouped by head (several tokens only)
+            heads * nq,
+            heads * nv,
+            heads * hv,
+            heads * hv,
+        ],
+    );
+    let win = &mut win_space[..(ks + n_tok) * c];
     matmuls(
         a,
         n_tok,
@@ -89,12 +87,10 @@ pub fn forward(
     );
 
     // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
-    let y = grow(&mut buf.y, n_tok * c);
     conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, win, y);
 
     // Rows of y are [q: Hk × dk | k: Hk × dk | v: Hv × dv]; L2-norm q and k per head in place, q scaled
     // by 1/√dk.
-    let (nq, nv) = (hk * dk, hv * dv);
     let q_scale = 1.0 / (dk as f32).sqrt();
     for_rows(y, c, |_, row| {
         let (q, k) = row[..2 * nq].split_at_mut(nq);
@@ -122,16 +118,16 @@ pub fn forward(
         (&y[..nq], &y[nq..2 * nq], &y[2 * nq..], g, beta)
     } else {
         (
-            by_head(y, c, 0, dk, grow(&mut buf.qh, n_tok * nq)),
-            by_head(y, c, nq, dk, grow(&mut buf.kh, n_tok * nq)),
-            by_head(y, c, 2 * nq, dv, grow(&mut buf.vh, n_tok * nv)),
-            by_head(g, hv, 0, 1, grow(&mut buf.gh, n_tok * hv)),
-            by_head(beta, hv, 0, 1, grow(&mut buf.bh, n_tok * hv)),
+            by_head(y, c, 0, dk, qh),
+            by_head(y, c, nq, dk, kh),
+            by_head(y, c, 2 * nq, dv, vh),
+            by_head(g, hv, 0, 1, gh),
+            by_head(beta, hv, 0, 1, bh),
         )
     };
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
-    let o_heads = grow(&mut buf.o, hv * n_tok * dv); // [Hv × T × dv]
+    let (o_heads, n) = win_space.split_at_mut(hv * n_tok * dv); // [Hv × T × dv]
     st.s.par_chunks_mut(dv * dk)
         .zip(o_heads.par_chunks_mut(n_tok * dv))
         .enumerate()
@@ -153,7 +149,7 @@ pub fn forward(
         });
 
     // Gated RMSNorm per head: RMSNorm(o_h; ssm_norm) ⊙ silu(z_h), back in token-major order [T × Hv·dv].
-    let n = grow(&mut buf.n, n_tok * nv);
+    let n = &mut n[..n_tok * nv];
     for_rows(n, nv, |t, n| {
         for (h, dst) in n.chunks_exact_mut(dv).enumerate() {
             dst.copy_from_slice(&o_heads[(h * n_tok + t) * dv..][..dv]);

@@ -1,22 +1,14 @@
 //! SwiGLU feed-forward: `W_down · (silu(W_gate · f) ⊙ (W_up · f))`.
 
 use super::weights::LayerWeights;
-use super::{for_rows, grow};
+use super::{carve, for_rows};
 use crate::kernels::ops::swiglu;
 use crate::kernels::{matmul, matmuls};
 
-/// The FFN's activation buffers (see [`super::Scratch`]).
-#[derive(Default)]
-pub struct Scratch {
-    gate: Vec<f32>,
-    up: Vec<f32>,
-}
-
-/// `f`: `[T × d]` normed inputs; writes `[T × d]` to `out`.
-pub fn forward(w: &LayerWeights, f: &[f32], n_tok: usize, out: &mut [f32], s: &mut Scratch) {
+/// `f`: `[T × d]` normed inputs; writes `[T × d]` to `out`. Buffers come from `arena` (see `Scratch`).
+pub fn forward(w: &LayerWeights, f: &[f32], n_tok: usize, out: &mut [f32], arena: &mut Vec<f32>) {
     let ff = w.ffn_gate.n_out;
-    let gate = grow(&mut s.gate, n_tok * ff); // [T × ff]
-    let up = grow(&mut s.up, n_tok * ff); // [T × ff]
+    let [gate, up] = carve(arena, [n_tok * ff, n_tok * ff]); // [T × ff] each
     matmuls(
         f,
         n_tok,

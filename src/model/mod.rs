@@ -255,16 +255,16 @@ impl<'m> Session<'m> {
             norm_rows(x, &lw.attn_norm, hp.rms_eps, a);
             match (&lw.mixer, st) {
                 (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
-                    attention::forward(aw, hp, il, kv, pos0, a, m, &mut s.attn)
+                    attention::forward(aw, hp, il, kv, pos0, a, m, &mut s.block)
                 }
                 (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
-                    deltanet::forward(dw, hp, ds, self.delta_mode, a, m, &mut s.delta)
+                    deltanet::forward(dw, hp, ds, self.delta_mode, a, m, &mut s.block)
                 }
                 _ => unreachable!("layer states are built from the same layer kinds"),
             }
             add(x, m, d);
             norm_rows(x, &lw.post_norm, hp.rms_eps, a);
-            ffn::forward(lw, a, n_tok, m, &mut s.ffn);
+            ffn::forward(lw, a, n_tok, m, &mut s.block);
             add(x, m, d);
             observe(il, pos0, x);
         }
@@ -296,9 +296,9 @@ struct Scratch {
     a: Vec<f32>,
     m: Vec<f32>,
     logits: Vec<f32>,
-    attn: attention::Scratch,
-    delta: deltanet::Scratch,
-    ffn: ffn::Scratch,
+    /// One arena that the mixer and the FFN of a layer carve their buffers from in turn (they never
+    /// run at the same time), so the peak is the largest block's need, not the sum of all blocks'.
+    block: Vec<f32>,
 }
 
 impl Clone for Scratch {
@@ -314,6 +314,17 @@ pub(crate) fn grow(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
         buf.resize(len, 0.0);
     }
     &mut buf[..len]
+}
+
+/// Splits the first `Σ lens` elements of `arena` (grown as by [`grow`]) into consecutive buffers of
+/// the given lengths.
+pub(crate) fn carve<const N: usize>(arena: &mut Vec<f32>, lens: [usize; N]) -> [&mut [f32]; N] {
+    let mut rest = grow(arena, lens.iter().sum());
+    lens.map(|n| {
+        let (buf, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        rest = tail;
+        buf
+    })
 }
 
 /// Runs `f(t, row)` for every row `t` of `x` (`[n × len]`): in parallel when there are several rows (a
