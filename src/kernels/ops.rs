@@ -113,3 +113,24 @@ pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
 pub fn softmax(x: &mut [f32]) {
     (super::kernels().ops.softmax)(x)
 }
+
+/// The constants of the vector `exp` (Cephes `expf`), shared by every instruction set's version:
+/// `x = n ln2 + r` with `ln 2` split in two, `eʳ ≈ 1 + r + r²·P(r)` with `P` of degree 5 (Horner from the
+/// highest coefficient), inputs clamped to `[MIN, MAX]` (below: 0; above: +inf, as `f32::exp`).
+pub(crate) mod cephes_exp {
+    pub const LOG2E: f32 = std::f32::consts::LOG2_E;
+    /// `LN2_HI` has 9 significant bits, so `n · LN2_HI` is exact for |n| < 2¹⁵.
+    pub const LN2_HI: f32 = 0.693_359_4;
+    pub const LN2_LO: f32 = -2.121_944_4e-4;
+    /// `P`'s coefficients, highest degree first.
+    pub const POLY: [f32; 6] = [
+        1.987_569_1e-4,
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        1.666_666_5e-1,
+        0.5,
+    ];
+    pub const MIN: f32 = -104.0;
+    pub const MAX: f32 = 89.0;
+}

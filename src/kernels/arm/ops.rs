@@ -8,6 +8,7 @@
 use core::arch::aarch64::*;
 
 use crate::kernels::dispatch::OpsFns;
+use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
 use crate::kernels::ops::{sigmoid, silu};
 
 /// The table entry (NEON is part of every aarch64 CPU, so the wrappers need no feature check).
@@ -24,11 +25,6 @@ pub(super) static OPS: OpsFns = OpsFns {
     rope,
 };
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-/// ln 2 split in two (Cephes): `LN2_HI` has 9 significant bits, so `n · LN2_HI` is exact for |n| < 2¹⁵.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-
 /// `eˣ` per lane (Cephes `expf`), as the x86 `exp_ps`: `x = n ln2 + r`, a degree-7 polynomial for `eʳ`,
 /// `2ⁿ` applied in two factors (subnormal results rounded once); inputs clamped to [-104, 89], NaN
 /// passed through.
@@ -37,18 +33,12 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 /// NEON only (every aarch64 CPU).
 #[inline(always)]
 pub(super) unsafe fn exp_q(x: float32x4_t) -> float32x4_t {
-    let xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-104.0)), vdupq_n_f32(89.0));
+    let xc = vminq_f32(vmaxq_f32(x, vdupq_n_f32(MIN)), vdupq_n_f32(MAX));
     let n = vrndnq_f32(vmulq_f32(xc, vdupq_n_f32(LOG2E)));
     let r = vfmsq_f32(xc, n, vdupq_n_f32(LN2_HI));
     let r = vfmsq_f32(r, n, vdupq_n_f32(LN2_LO));
-    let mut p = vdupq_n_f32(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
+    let mut p = vdupq_n_f32(POLY[0]);
+    for &c in &POLY[1..] {
         p = vfmaq_f32(vdupq_n_f32(c), p, r);
     }
     let r2 = vmulq_f32(r, r);

@@ -8,6 +8,7 @@
 use core::arch::x86_64::*;
 
 use crate::kernels::dispatch::OpsFns;
+use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
 use crate::kernels::ops::{sigmoid, silu};
 
 /// The table entry: a safe wrapper per op around its `#[target_feature]` body.
@@ -24,11 +25,6 @@ pub(crate) static OPS: OpsFns = OpsFns {
     rope,
 };
 
-const LOG2E: f32 = std::f32::consts::LOG2_E;
-/// ln 2 split in two (Cephes): `LN2_HI` has 9 significant bits, so `n · LN2_HI` is exact for |n| < 2¹⁵.
-const LN2_HI: f32 = 0.693_359_4;
-const LN2_LO: f32 = -2.121_944_4e-4;
-
 /// `eˣ` per lane (Cephes `expf`): `x = n ln2 + r`, |r| ≤ ln2/2, `eʳ` by a degree-7 polynomial, times
 /// `2ⁿ` applied in two factors so that subnormal results are rounded once. Inputs are clamped to
 /// [-104, 89] (below: 0; above: +inf, as `f32::exp`); NaN stays NaN.
@@ -39,24 +35,15 @@ const LN2_LO: f32 = -2.121_944_4e-4;
 pub(crate) unsafe fn exp_ps(x: __m256) -> __m256 {
     // `max_ps`/`min_ps` return their second operand when either is NaN: a NaN `x` stays NaN through
     // the clamp and everything after it (no blend needed).
-    let xc = _mm256_min_ps(
-        _mm256_set1_ps(89.0),
-        _mm256_max_ps(_mm256_set1_ps(-104.0), x),
-    );
+    let xc = _mm256_min_ps(_mm256_set1_ps(MAX), _mm256_max_ps(_mm256_set1_ps(MIN), x));
     let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
         xc,
         _mm256_set1_ps(LOG2E),
     ));
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), xc);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for c in [
-        1.398_199_9e-3,
-        8.333_452e-3,
-        4.166_579_6e-2,
-        1.666_666_5e-1,
-        0.5,
-    ] {
+    let mut p = _mm256_set1_ps(POLY[0]);
+    for &c in &POLY[1..] {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
     }
     let r2 = _mm256_mul_ps(r, r);
