@@ -114,6 +114,16 @@ pub fn softmax(x: &mut [f32]) {
     (super::kernels().ops.softmax)(x)
 }
 
+/// RMSNorm's factor `1 / sqrt(Σx²/n + eps)` from the f64 sum of squares, the same in every table.
+pub(crate) fn rms_scale(sum_sq: f64, n: usize, eps: f32) -> f32 {
+    (1.0 / (sum_sq / n as f64 + eps as f64).sqrt()) as f32
+}
+
+/// The L2 norm's factor `1 / max(‖x‖₂, eps)` from the f64 sum of squares, the same in every table.
+pub(crate) fn l2_scale(sum_sq: f64, eps: f32) -> f32 {
+    (1.0 / sum_sq.sqrt().max(eps as f64)) as f32
+}
+
 /// The constants of the vector `exp` (Cephes `expf`), shared by every instruction set's version:
 /// `x = n ln2 + r` with `ln 2` split in two, `eʳ ≈ 1 + r + r²·P(r)` with `P` of degree 5 (Horner from the
 /// highest coefficient), inputs clamped to `[MIN, MAX]` (below: 0; above: +inf, as `f32::exp`).

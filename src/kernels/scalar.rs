@@ -2,7 +2,7 @@
 
 use super::attend::attend_ref;
 use super::dispatch::{Isa, Kernels, OpsFns};
-use super::ops::{sigmoid, silu};
+use super::ops::{l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -107,7 +107,7 @@ pub fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
 /// `x ← x / sqrt(mean(x²) + eps) ⊙ w` (the sum in f64, as ggml's `rms_norm`).
 pub fn rms_norm_ref(x: &mut [f32], w: &[f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    let scale = rms_scale(ss, x.len(), eps);
     for (v, w) in x.iter_mut().zip(w) {
         *v = *v * scale * w;
     }
@@ -117,7 +117,7 @@ pub fn rms_norm_ref(x: &mut [f32], w: &[f32], eps: f32) {
 /// differs for near-zero vectors).
 pub fn l2_norm_ref(x: &mut [f32], eps: f32) {
     let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
-    let scale = (1.0 / ss.sqrt().max(eps as f64)) as f32;
+    let scale = l2_scale(ss, eps);
     for v in x.iter_mut() {
         *v *= scale;
     }

@@ -9,7 +9,7 @@ use core::arch::aarch64::*;
 
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{sigmoid, silu};
+use crate::kernels::ops::{l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry (NEON is part of every aarch64 CPU, so the wrappers need no feature check).
 pub(super) static OPS: OpsFns = OpsFns {
@@ -141,13 +141,13 @@ fn scale(x: &mut [f32], s: f32, w: Option<&[f32]>) {
 
 fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     let ss = sum_sq(x);
-    let s = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    let s = rms_scale(ss, x.len(), eps);
     scale(x, s, Some(w))
 }
 
 fn l2_norm(x: &mut [f32], eps: f32) {
     let ss = sum_sq(x);
-    let s = (1.0 / ss.sqrt().max(eps as f64)) as f32;
+    let s = l2_scale(ss, eps);
     scale(x, s, None)
 }
 

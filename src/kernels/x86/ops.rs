@@ -9,7 +9,7 @@ use core::arch::x86_64::*;
 
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{sigmoid, silu};
+use crate::kernels::ops::{l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry: a safe wrapper per op around its `#[target_feature]` body.
 pub(crate) static OPS: OpsFns = OpsFns {
@@ -151,7 +151,7 @@ fn rms_norm(x: &mut [f32], w: &[f32], eps: f32) {
     // `sum_sq` and `scale` check their lengths.
     unsafe {
         let ss = sum_sq(x);
-        let s = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+        let s = rms_scale(ss, x.len(), eps);
         scale(x, s, Some(w))
     }
 }
@@ -160,7 +160,7 @@ fn l2_norm(x: &mut [f32], eps: f32) {
     // SAFETY: as `rms_norm`.
     unsafe {
         let ss = sum_sq(x);
-        let s = (1.0 / ss.sqrt().max(eps as f64)) as f32;
+        let s = l2_scale(ss, eps);
         scale(x, s, None)
     }
 }
