@@ -6,7 +6,8 @@
 //! - `matvec-hot/<type>/<isa>/1t`: the same with a single copy, multiplied again and again (the weights
 //!   stay in L2/L3 as far as they fit): the kernel's own speed, without the memory limit.
 //! - `gemm/<type>/<isa>/<threads>t`: the same matrix times 512 activation rows (32 for the scalar path),
-//!   reported as multiply-adds × 2 per second (criterion's `elem/s` = FLOP/s-equivalent).
+//!   reported as multiply-adds × 2 per second (criterion's `elem/s` = FLOP/s-equivalent);
+//!   `<isa>-panel` is the same table's prefill GEMM (`Kernels::quant_gemm`) where it has one.
 //! - `membw/<threads>t`: reading a 1 GiB buffer (sum of u64), the bandwidth the matvec figures compare to.
 //!
 //! Activation quantization is done once outside the timed loop. Select with criterion filters, e.g.
@@ -111,6 +112,25 @@ fn run(
         });
 }
 
+/// The same through the table's prefill GEMM: items of 64 rows × all tokens (token-major per item).
+fn run_panels(k: &Kernels, ty: GgmlType, w: &[u8], act_q: &[u8], n_tok: usize, out: &mut [f32]) {
+    let g = k.quant_gemm.expect("a table with a GEMM");
+    let rb = w.len() / N;
+    let chunk = 64;
+    out.par_chunks_mut(chunk * n_tok)
+        .enumerate()
+        .for_each(|(i, o)| {
+            let rows = o.len() / n_tok;
+            (g.run)(
+                ty,
+                &w[i * chunk * rb..(i * chunk + rows) * rb],
+                act_q,
+                n_tok,
+                o,
+            )
+        });
+}
+
 fn activations(k: &Kernels, ty: GgmlType, n_tok: usize) -> (Vec<u8>, Vec<f32>) {
     let mut rng = Rng(7);
     let x: Vec<f32> = (0..n_tok * N).map(|_| rng.f()).collect();
@@ -202,6 +222,16 @@ fn gemm(c: &mut Criterion) {
                         black_box(&out);
                     })
                 });
+                if k.quant_gemm.is_some_and(|g| (g.supports)(ty)) {
+                    let id =
+                        BenchmarkId::new(format!("{}-panel", k.isa.name()), format!("{threads}t"));
+                    g.bench_function(id, |b| {
+                        b.iter(|| {
+                            p.install(|| run_panels(k, ty, &w, &q, n_tok, &mut out));
+                            black_box(&out);
+                        })
+                    });
+                }
             }
         }
         g.finish();

@@ -49,6 +49,9 @@ pub struct Kernels {
     /// `out[r * n_tok + t] = W[r] · A[t]` for quantized weight rows `w` (`out.len() / n_tok` rows, back to
     /// back) of type `ty` and `n_tok` activation rows `a` already quantized to `ty.vec_dot_type()`.
     pub quant_rows: fn(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]),
+    /// Prefill over whole panels of weight rows, where the table has such a kernel: `out[t * n_rows + r] =
+    /// W[r] · A[t]` (token-major; otherwise as `quant_rows`), bit-identical to `quant_rows`.
+    pub quant_gemm: Option<QuantGemm>,
     /// The same for F32/F16/BF16 weight rows and f32 activations (`n_tok` rows back to back).
     pub float_rows: fn(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]),
     /// Quantizes one activation row to Q8_0, Q8_1 or Q8_K: the same bytes as the reference quantizer.
@@ -59,6 +62,13 @@ pub struct Kernels {
     pub attend_f16: AttendFn<f16>,
     /// The element-wise and per-row ops of the model blocks ([`super::ops`]).
     pub ops: OpsFns,
+}
+
+/// A table's prefill GEMM ([`Kernels::quant_gemm`]) and the weight types it takes.
+#[derive(Clone, Copy)]
+pub struct QuantGemm {
+    pub supports: fn(ty: GgmlType) -> bool,
+    pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]),
 }
 
 /// The element-wise ops, each over a whole slice. Every SIMD version equals the scalar `_ref` in

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::kernels;
+use super::{kernels, QuantGemm};
 use crate::quant::GgmlType;
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
@@ -62,6 +62,8 @@ pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
 pub const MAX_JOBS: usize = 4;
 
 thread_local! {
+    /// The calling thread's prefill GEMM output (`[tokens × rows]` of one work item).
+    static GEMM_TILE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The calling thread's quantized activations, kept from one [`matmuls`] call to the next so that
     /// decoding allocates nothing (grown to the largest call; a nested call finds it taken and uses its
     /// own).
@@ -135,18 +137,28 @@ pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
         // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row
         // block, so consecutive items (one thread's share) reuse the same weight rows while they are in
         // cache.
-        let tok_block = n_tokens.min(TOKEN_BLOCK);
-        let n_tok_blocks = n_tokens.div_ceil(tok_block);
+        // With the table's prefill GEMM an item is a panel of rows × all tokens (the panel is unpacked
+        // once per item).
         let n_jobs = jobs.len();
         let mut jobs = jobs.iter_mut().enumerate();
         let plans: [Option<Plan>; MAX_JOBS] = std::array::from_fn(|_| {
             jobs.next().map(|(j, (w, out))| {
-                let rows = rows_per_item(w, n_tokens);
+                let gemm = k
+                    .quant_gemm
+                    .filter(|g| n_tokens >= GEMM_MIN_TOKENS && (g.supports)(w.ty));
+                let (rows, tok_block) = match gemm {
+                    Some(_) => (GEMM_ROWS, n_tokens),
+                    None => (rows_per_item(w, n_tokens), n_tokens.min(TOKEN_BLOCK)),
+                };
+                let n_tok_blocks = n_tokens.div_ceil(tok_block);
                 Plan {
                     w,
                     act: at[j].map(|start| &buf[start..start + n_tokens * act_bytes(w)]),
+                    gemm,
                     out: OutPtr(out.as_mut_ptr()),
                     rows,
+                    tok_block,
+                    n_tok_blocks,
                     n_items: w.n_out.div_ceil(rows) * n_tok_blocks,
                 }
             })
@@ -163,11 +175,11 @@ pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
             let p = plans[j].as_ref().expect("a plan per job");
             let local = item - first_item[j];
             let (r0, t0) = (
-                local / n_tok_blocks * p.rows,
-                local % n_tok_blocks * tok_block,
+                local / p.n_tok_blocks * p.rows,
+                local % p.n_tok_blocks * p.tok_block,
             );
             let rr = p.rows.min(p.w.n_out - r0);
-            let tt = tok_block.min(n_tokens - t0);
+            let tt = p.tok_block.min(n_tokens - t0);
             p.block(x, r0, rr, t0, tt, n_tokens);
         };
         if n_items == 1 {
@@ -185,6 +197,12 @@ const ROW_BLOCK: usize = 64;
 /// Tokens per work item in prefill: the block's quantized activations (≤ 64 rows) stay in L2 while the
 /// item's weight rows stream past them.
 const TOKEN_BLOCK: usize = 64;
+
+/// Weight rows per work item with a prefill GEMM (four 16-row panels).
+const GEMM_ROWS: usize = 64;
+
+/// Fewest tokens for which the prefill GEMM is used: below, unpacking a panel costs more than it saves.
+const GEMM_MIN_TOKENS: usize = 16;
 
 /// Weight rows per work item: about 32 KiB of weights for a single token (decode is memory-bound; fewer,
 /// larger items), [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
@@ -205,8 +223,13 @@ struct Plan<'a> {
     w: &'a Weight<'a>,
     /// The quantized activations (quantized weights only).
     act: Option<&'a [u8]>,
+    /// The table's prefill GEMM, if it takes this weight type and the call has enough tokens.
+    gemm: Option<QuantGemm>,
     out: OutPtr,
+    /// Rows and tokens per work item; tokens blocks per row block.
     rows: usize,
+    tok_block: usize,
+    n_tok_blocks: usize,
     n_items: usize,
 }
 
@@ -224,6 +247,22 @@ impl Plan<'_> {
         let (w, k) = (self.w, kernels());
         let (n_in, n_out) = (w.n_in, w.n_out);
         let wb = &w.data[r0 * w.row_bytes()..(r0 + rr) * w.row_bytes()];
+        if let (Some(g), Some(act)) = (self.gemm, self.act) {
+            let ab = act.len() / n_tokens;
+            let mut tile = GEMM_TILE.take();
+            tile.resize(tt * rr, 0.0);
+            (g.run)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], tt, &mut tile);
+            for (t, src) in tile.chunks_exact(rr).enumerate() {
+                // SAFETY: `out` is `[n_tokens × n_out]` (checked in `matmuls`, which holds the `&mut`
+                // for the whole call); this item alone writes token `t0 + t`'s elements `r0..r0+rr`.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0), rr)
+                };
+                o.copy_from_slice(src);
+            }
+            GEMM_TILE.set(tile);
+            return;
+        }
         let compute = |o: &mut [f32]| match self.act {
             Some(act) => {
                 let ab = act.len() / n_tokens;

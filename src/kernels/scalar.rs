@@ -8,6 +8,7 @@ use crate::quant::{self, GgmlType};
 pub static KERNELS: Kernels = Kernels {
     isa: Isa::Scalar,
     quant_rows,
+    quant_gemm: None,
     float_rows,
     quantize_act,
     attend_f32: attend_ref::<f32>,

@@ -23,6 +23,7 @@ use neon::{Dot, Sdot, Smull};
 pub static NEON: Kernels = Kernels {
     isa: Isa::Neon,
     quant_rows: quant_rows_neon,
+    quant_gemm: None,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
@@ -34,6 +35,7 @@ pub static NEON: Kernels = Kernels {
 pub static NEON_DOTPROD: Kernels = Kernels {
     isa: Isa::NeonDotprod,
     quant_rows: quant_rows_dotprod,
+    quant_gemm: None,
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,

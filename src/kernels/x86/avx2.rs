@@ -10,6 +10,7 @@ use crate::quant::GgmlType;
 pub static KERNELS: Kernels = Kernels {
     isa: Isa::Avx2,
     quant_rows,
+    quant_gemm: None,
     float_rows,
     quantize_act,
     attend_f32: super::attend::entry::<f32>,

@@ -11,27 +11,27 @@ use core::arch::x86_64::*;
 use super::{f16_at, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
 
 /// Q8_K: f32 d, 256 quants, 16 i16 block sums.
-const AB: usize = 292;
-const AQS: usize = 4;
-const ABSUMS: usize = 260;
+pub(super) const AB: usize = 292;
+pub(super) const AQS: usize = 4;
+pub(super) const ABSUMS: usize = 260;
 
 /// What a weight super-block provides before its chunks are read.
 #[derive(Clone, Copy)]
-struct Pre {
-    d: f32,
+pub(super) struct Pre {
+    pub(super) d: f32,
     /// `dmin` for the formats with mins (their term is `−dmin·dy·Σ corr·bsums`).
-    dmin: f32,
+    pub(super) dmin: f32,
     /// i16 scales 0..7 in both 128-bit lanes.
-    sc_lo: __m256i,
+    pub(super) sc_lo: __m256i,
     /// i16 scales 8..15 in both lanes (16-sub-block formats).
-    sc_hi: __m256i,
+    pub(super) sc_hi: __m256i,
     /// 16 i16 factors for the activation block sums.
-    corr: __m256i,
+    pub(super) corr: __m256i,
 }
 
 /// Which 4-rows × 1-token kernel a format uses for decode (other tile shapes use [`k_tile`]).
 #[derive(PartialEq, Eq)]
-enum Decode {
+pub(super) enum Decode {
     /// 8 scales + 8 mins in 12 bytes after `d`, `dmin` (Q4_K, Q5_K): [`decode4_sm8`].
     ScaleMin8,
     /// 16 scales of 16 elements (Q2_K, Q3_K, Q6_K): [`decode4_s16`]; `d` (and `dmin`) are the halves
@@ -39,7 +39,7 @@ enum Decode {
     Scales16,
 }
 
-trait KFormat {
+pub(super) trait KFormat {
     const WB: usize;
     /// Formats with mins (`dmin`); otherwise `corr·bsums` is shifted left by `SHIFT` and subtracted from
     /// the integer sum.

@@ -17,6 +17,7 @@ mod attend;
 pub mod avx2;
 pub mod avx512;
 mod float;
+mod kgemm;
 mod kquants;
 mod legacy;
 pub(crate) mod ops;

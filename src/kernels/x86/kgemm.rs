@@ -1,0 +1,275 @@
+//! Prefill GEMM for the K-quants on AVX-512 VNNI: 16 weight rows in the 16 i32 lanes of a zmm.
+//!
+//! The tile kernels of [`super::kquants`] put the 32 elements of a chunk in a vector's lanes and pay a
+//! `maddubs` + `vpdpwssd` pair per 32 products, a scale shuffle per row and chunk, and a horizontal sum
+//! per (row, token) and block. Here a panel of 16 rows is unpacked once per call into a layout where
+//! lane `r` of quad vector `q` holds row `r`'s codes `4q..4q+4` (u8), next to the rows' sub-block scales
+//! as i32 lanes. Then every 4 activation bytes of a token, broadcast from memory, meet 16 rows in one
+//! `vpdpbusd` (64 products), and a sub-block's 16 integer sums are scaled by one `vpmulld`. The panel
+//! (about 5.6 KiB per 256 columns) is reused by every token of the call.
+//!
+//! The integer sums per (row, block, token) are the same exact i32 values the tile and decode kernels
+//! form, and the float epilogue performs the same operations in the same order, so the results are
+//! bit-identical to theirs (prefill equals decode).
+
+use core::arch::x86_64::*;
+use std::cell::Cell;
+
+use super::kquants::{KFormat, AB, ABSUMS, AQS};
+use super::read_f32;
+
+/// Rows per panel (the i32 lanes of a zmm).
+const ROWS: usize = 16;
+
+/// One super-block (256 columns) of a 16-row panel, unpacked.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub(super) struct PanelBlock {
+    /// Quad `q` (columns `4q..4q+4`): lane `r` holds row `r`'s four codes (u8).
+    codes: [__m512i; 64],
+    /// Sub-block `j`'s scale of every row (i32 lanes; 8 sub-blocks of 32 or 16 of 16 columns).
+    sc: [__m512i; 16],
+    /// Block-sum factor pairs `(corr[2i], corr[2i+1])` of every row (i16 pairs), see `Pre::corr`.
+    corr: [__m512i; 8],
+    d: __m512,
+    dmin: __m512,
+}
+
+thread_local! {
+    /// The calling thread's unpacked panel, grown to the longest row seen.
+    static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
+}
+
+/// `out[t * n_rows + r] = W[r] · A[t]` (token-major) for K-quant rows `w` and Q8_K activations `a`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (the caller's target features).
+#[inline(always)]
+pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    if n_tok == 0 || out.is_empty() {
+        return;
+    }
+    let n_rows = out.len() / n_tok;
+    assert_eq!(n_rows * n_tok, out.len(), "output is not tokens × rows");
+    let rb = w.len() / n_rows;
+    let nb = rb / K::WB;
+    assert!(
+        rb * n_rows == w.len() && nb * K::WB == rb && a.len() == n_tok * nb * AB,
+        "gemm: weight/activation lengths do not match"
+    );
+    let mut panel = PANEL.take();
+    if panel.len() < nb {
+        // SAFETY: `PanelBlock` is vectors only, for which all-zero bytes are a valid value.
+        panel.resize(nb, unsafe { core::mem::zeroed() });
+    }
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let arow = |t: usize| ap.add(t * nb * AB);
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let rows = ROWS.min(n_rows - r0);
+        for (b, blk) in panel[..nb].iter_mut().enumerate() {
+            unpack::<K>(wp.add(r0 * rb), rb, rows, b, blk);
+        }
+        let panel = &panel[..nb];
+        let o = out.as_mut_ptr().add(r0);
+        let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
+        let mut t = 0;
+        while t + 8 <= n_tok {
+            tile::<K, 8>(
+                panel,
+                core::array::from_fn(|i| arow(t + i)),
+                o.add(t * n_rows),
+                n_rows,
+                mask,
+            );
+            t += 8;
+        }
+        if t + 4 <= n_tok {
+            tile::<K, 4>(
+                panel,
+                core::array::from_fn(|i| arow(t + i)),
+                o.add(t * n_rows),
+                n_rows,
+                mask,
+            );
+            t += 4;
+        }
+        if t + 2 <= n_tok {
+            tile::<K, 2>(
+                panel,
+                core::array::from_fn(|i| arow(t + i)),
+                o.add(t * n_rows),
+                n_rows,
+                mask,
+            );
+            t += 2;
+        }
+        if t < n_tok {
+            tile::<K, 1>(panel, [arow(t)], o.add(t * n_rows), n_rows, mask);
+        }
+        r0 += rows;
+    }
+    PANEL.set(panel);
+}
+
+/// Unpacks block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` get zero
+/// codes and scales.
+///
+/// # Safety
+/// Rows `0..rows` must each hold at least `b + 1` blocks of `K::WB` bytes (`gemm` checks the lengths);
+/// the CPU features as [`gemm`].
+#[inline(always)]
+unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+    let zero = _mm256_setzero_si256();
+    // [chunk][row]: 32 codes of columns 32c..32c+32.
+    let mut ch = [[zero; ROWS]; 8];
+    let mut sc = [[0i16; 16]; ROWS];
+    let mut corr = [[0i16; 16]; ROWS];
+    let mut d = [0f32; ROWS];
+    let mut dmin = [0f32; ROWS];
+    for r in 0..rows {
+        let p = w.add(r * rb + b * K::WB);
+        let pre = K::prepare(p);
+        d[r] = pre.d;
+        dmin[r] = pre.dmin;
+        // Scales 0..7 are the low lane of `sc_lo`, 8..15 that of `sc_hi` (16-scale formats).
+        _mm_storeu_si128(
+            sc[r].as_mut_ptr() as *mut __m128i,
+            _mm256_castsi256_si128(pre.sc_lo),
+        );
+        _mm_storeu_si128(
+            sc[r][8..].as_mut_ptr() as *mut __m128i,
+            _mm256_castsi256_si128(pre.sc_hi),
+        );
+        _mm256_storeu_si256(corr[r].as_mut_ptr() as *mut __m256i, pre.corr);
+        for (c, chunk) in ch.iter_mut().enumerate() {
+            chunk[r] = K::chunk(p, c);
+        }
+    }
+    for (c, chunk) in ch.iter().enumerate() {
+        let q = transpose16x8(chunk);
+        out.codes[8 * c..8 * c + 8].copy_from_slice(&q);
+    }
+    let n_sc = if K::SCALES16 { 16 } else { 8 };
+    for (j, v) in out.sc[..n_sc].iter_mut().enumerate() {
+        let lanes: [i32; ROWS] = core::array::from_fn(|r| sc[r][j] as i32);
+        *v = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+    }
+    for i in 0..8 {
+        let lanes: [i32; ROWS] = core::array::from_fn(|r| {
+            (corr[r][2 * i] as u16 as u32 | ((corr[r][2 * i + 1] as u16 as u32) << 16)) as i32
+        });
+        out.corr[i] = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+    }
+    out.d = _mm512_loadu_ps(d.as_ptr());
+    out.dmin = _mm512_loadu_ps(dmin.as_ptr());
+}
+
+/// 16 rows of 8 u32 → 8 vectors of 16 u32: `out[q]` lane `r` = `rows[r]` element `q`.
+#[inline(always)]
+unsafe fn transpose16x8(rows: &[__m256i; ROWS]) -> [__m512i; 8] {
+    // z[i] = [rows i | rows i+4] (i < 4), [rows 8+i | rows 12+i] (i ≥ 4), so that after the in-lane 4×4
+    // transposes the 128-bit lanes land in row order with one shuffle each.
+    let join = |lo: __m256i, hi: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+    let z: [__m512i; 8] = core::array::from_fn(|i| {
+        if i < 4 {
+            join(rows[i], rows[i + 4])
+        } else {
+            join(rows[i + 4], rows[i + 8])
+        }
+    });
+    // Per group of four z: u[e] lane L = [z0.L[e], z1.L[e], z2.L[e], z3.L[e]].
+    let t4 = |z: &[__m512i]| -> [__m512i; 4] {
+        let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
+        let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
+        let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
+        let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
+        [
+            _mm512_unpacklo_epi64(t0, t2),
+            _mm512_unpackhi_epi64(t0, t2),
+            _mm512_unpacklo_epi64(t1, t3),
+            _mm512_unpackhi_epi64(t1, t3),
+        ]
+    };
+    let u = t4(&z[..4]);
+    let v = t4(&z[4..]);
+    // u[e] lanes: rows 0-3 elem e, rows 0-3 elem 4+e, rows 4-7 elem e, rows 4-7 elem 4+e; v[e] the same
+    // for rows 8-15.
+    core::array::from_fn(|q| {
+        if q < 4 {
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(u[q], v[q])
+        } else {
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(u[q - 4], v[q - 4])
+        }
+    })
+}
+
+/// `T` tokens × the panel's 16 rows over all `panel.len()` blocks; token `t`'s 16 results are stored
+/// (lanes in `mask`) at `out + t * ld`.
+///
+/// # Safety
+/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out + t * ld` to 16 writable floats (the
+/// lanes in `mask`) for every `t < T`; the CPU features as [`gemm`].
+#[inline(always)]
+unsafe fn tile<K: KFormat, const T: usize>(
+    panel: &[PanelBlock],
+    a: [*const u8; T],
+    out: *mut f32,
+    ld: usize,
+    mask: __mmask16,
+) {
+    let zero = _mm512_setzero_si512();
+    // Quads per sub-block, sub-blocks per block.
+    let (qps, n_sub) = if K::SCALES16 { (4, 16) } else { (8, 8) };
+    let mut acc = [_mm512_setzero_ps(); T];
+    for (b, pb) in panel.iter().enumerate() {
+        let ab: [*const u8; T] = core::array::from_fn(|t| a[t].add(b * AB));
+        let mut s = [zero; T];
+        for j in 0..n_sub {
+            let mut isum = [zero; T];
+            for q in j * qps..(j + 1) * qps {
+                let wq = pb.codes[q];
+                for t in 0..T {
+                    let y = _mm512_set1_epi32(read_i32(ab[t].add(AQS + 4 * q)));
+                    isum[t] = _mm512_dpbusd_epi32(isum[t], wq, y);
+                }
+            }
+            for t in 0..T {
+                s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(isum[t], pb.sc[j]));
+            }
+        }
+        // Σ corr·bsums per (row, token), 16 block sums as 8 pairs.
+        let mut m = [zero; T];
+        for (i, c) in pb.corr.iter().enumerate() {
+            for t in 0..T {
+                let bs = _mm512_set1_epi32(read_i32(ab[t].add(ABSUMS + 4 * i)));
+                m[t] = _mm512_dpwssd_epi32(m[t], *c, bs);
+            }
+        }
+        for t in 0..T {
+            let dy = _mm512_set1_ps(read_f32(ab[t]));
+            if K::MINS {
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[t]), _mm512_mul_ps(pb.d, dy), acc[t]);
+                acc[t] =
+                    _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m[t]), _mm512_mul_ps(pb.dmin, dy), acc[t]);
+            } else {
+                // Codes stored with an offset: `S − (Σ corr·bsums) << SHIFT`.
+                let st = _mm512_sub_epi32(s[t], shl(m[t], K::SHIFT));
+                acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(pb.d, dy), acc[t]);
+            }
+        }
+    }
+    for (t, v) in acc.iter().enumerate() {
+        _mm512_mask_storeu_ps(out.add(t * ld), mask, *v);
+    }
+}
+
+#[inline(always)]
+unsafe fn shl(v: __m512i, n: i32) -> __m512i {
+    _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
+}
+
+#[inline(always)]
+unsafe fn read_i32(p: *const u8) -> i32 {
+    i32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4]))
+}
