@@ -118,6 +118,8 @@ impl KvElem for f16 {
 /// `out = Σ_τ softmax_τ(scale · q·k_τ) v_τ` over `τ < n_ctx` (`hd = q.len() = out.len()`), through the
 /// kernel table chosen for this CPU. The normalizer is summed in f64.
 pub fn attend<T: KvElem>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]) {
+    // Weights of distant, low-scoring keys are subnormal (see `fpenv`).
+    let _ftz = super::fpenv::FlushDenormals::new();
     T::attend_entry(super::kernels())(q, kv, n_ctx, scale, out)
 }
 

@@ -7,6 +7,7 @@ mod arm;
 pub mod attend;
 mod dispatch;
 pub mod fgemm;
+pub mod fpenv;
 mod matmul;
 pub mod ops;
 pub mod scalar;

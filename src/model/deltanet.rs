@@ -7,6 +7,7 @@ use super::hparams::HParams;
 use super::weights::DeltaNetWeights;
 use super::{carve, for_rows};
 use crate::kernels::fgemm::{gemm, transpose};
+use crate::kernels::fpenv::FlushDenormals;
 use crate::kernels::ops::{
     axpy, dot, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
 };
@@ -217,6 +218,7 @@ pub struct Head<'a> {
 /// every value dim `j` is an independent row: decay, read, write and output are row operations.
 /// `m`: `[dv × dk]`; `out`: `[T × dv]`.
 pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
+    let _ftz = FlushDenormals::new();
     let (dk, dv) = (x.dk, x.dv);
     for t in 0..x.g.len() {
         let (q, k, v) = (
@@ -240,6 +242,8 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
 ///
 /// Works on `S = Mᵀ` (`[dk × dv]`) so that every step is a row-major matrix product ([`gemm`]).
 pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
+    // Decay factors of distant tokens are subnormal in fast-decaying heads (see `fpenv`).
+    let _ftz = FlushDenormals::new();
     let (dk, dv) = (x.dk, x.dv);
     let n_tok = x.g.len();
     let mut s = vec![0f32; dk * dv];
