@@ -121,13 +121,8 @@ fn run_panels(k: &Kernels, ty: GgmlType, w: &[u8], act_q: &[u8], n_tok: usize, o
         .enumerate()
         .for_each(|(i, o)| {
             let rows = o.len() / n_tok;
-            (g.run)(
-                ty,
-                &w[i * chunk * rb..(i * chunk + rows) * rb],
-                act_q,
-                n_tok,
-                o,
-            )
+            let w = &w[i * chunk * rb..(i * chunk + rows) * rb];
+            (g.run)(ty, w, act_q, kernels::GemmOut::new(o, n_tok))
         });
 }
 

@@ -888,7 +888,7 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 let mut want = vec![0f32; rows * n_tok]; // [rows × n_tok]
                 (k.quant_rows)(ty, &w, &qa, n_tok, &mut want);
                 let mut got = vec![f32::NAN; n_tok * rows]; // [n_tok × rows]
-                (g.run)(ty, &w, &qa, n_tok, &mut got);
+                (g.run)(ty, &w, &qa, kernels::GemmOut::new(&mut got, n_tok));
                 for r in 0..rows {
                     for t in 0..n_tok {
                         assert_eq!(

@@ -1,5 +1,6 @@
 //! The kernel table: chosen once from the CPU's features, overridable with `DELTAQ_ISA`.
 
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 
 use half::f16;
@@ -68,7 +69,62 @@ pub struct Kernels {
 #[derive(Clone, Copy)]
 pub struct QuantGemm {
     pub supports: fn(ty: GgmlType) -> bool,
-    pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]),
+    pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>),
+}
+
+/// Where a prefill GEMM writes: `rows` results for each of `n_tok` tokens, token `t`'s at
+/// `t * ld .. t * ld + rows`. The rows of one work item are a column block of the whole output, so the
+/// block is described by a pointer and a stride rather than a slice (several threads write disjoint
+/// column blocks of the same rows).
+pub struct GemmOut<'a> {
+    ptr: *mut f32,
+    rows: usize,
+    n_tok: usize,
+    ld: usize,
+    _out: PhantomData<&'a mut [f32]>,
+}
+
+impl<'a> GemmOut<'a> {
+    /// A whole token-major `[n_tok × rows]` matrix.
+    pub fn new(out: &'a mut [f32], n_tok: usize) -> GemmOut<'a> {
+        let rows = out.len().checked_div(n_tok).unwrap_or(0);
+        assert_eq!(rows * n_tok, out.len(), "output is not tokens × rows");
+        GemmOut {
+            ptr: out.as_mut_ptr(),
+            rows,
+            n_tok,
+            ld: rows,
+            _out: PhantomData,
+        }
+    }
+
+    /// # Safety
+    /// For every `t < n_tok` and `r < rows`, `ptr + t * ld + r` must be valid for writes during `'a`,
+    /// and nothing else may access those elements meanwhile (`rows ≤ ld`).
+    pub unsafe fn from_raw(ptr: *mut f32, rows: usize, n_tok: usize, ld: usize) -> GemmOut<'a> {
+        assert!(rows <= ld || n_tok <= 1, "GemmOut: rows overlap");
+        GemmOut {
+            ptr,
+            rows,
+            n_tok,
+            ld,
+            _out: PhantomData,
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn n_tok(&self) -> usize {
+        self.n_tok
+    }
+
+    /// Token `t`'s results (`t < n_tok`): `rows` writable floats.
+    pub fn token_ptr(&mut self, t: usize) -> *mut f32 {
+        assert!(t < self.n_tok, "GemmOut: token out of range");
+        self.ptr.wrapping_add(t * self.ld)
+    }
 }
 
 /// The element-wise ops, each over a whole slice. Every SIMD version equals the scalar `_ref` in

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::{kernels, QuantGemm};
+use super::{kernels, GemmOut, QuantGemm};
 use crate::quant::GgmlType;
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
@@ -62,8 +62,6 @@ pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
 pub const MAX_JOBS: usize = 4;
 
 thread_local! {
-    /// The calling thread's prefill GEMM output (`[tokens × rows]` of one work item).
-    static GEMM_TILE: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     /// The calling thread's quantized activations, kept from one [`matmuls`] call to the next so that
     /// decoding allocates nothing (grown to the largest call; a nested call finds it taken and uses its
     /// own).
@@ -249,18 +247,11 @@ impl Plan<'_> {
         let wb = &w.data[r0 * w.row_bytes()..(r0 + rr) * w.row_bytes()];
         if let (Some(g), Some(act)) = (self.gemm, self.act) {
             let ab = act.len() / n_tokens;
-            let mut tile = GEMM_TILE.take();
-            tile.resize(tt * rr, 0.0);
-            (g.run)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], tt, &mut tile);
-            for (t, src) in tile.chunks_exact(rr).enumerate() {
-                // SAFETY: `out` is `[n_tokens × n_out]` (checked in `matmuls`, which holds the `&mut`
-                // for the whole call); this item alone writes token `t0 + t`'s elements `r0..r0+rr`.
-                let o = unsafe {
-                    std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0), rr)
-                };
-                o.copy_from_slice(src);
-            }
-            GEMM_TILE.set(tile);
+            // SAFETY: `out` is `[n_tokens × n_out]` (checked in `matmuls`, which holds the `&mut` for the
+            // whole call); this item alone writes tokens `t0..t0+tt`' elements `r0..r0+rr`, and
+            // `rr ≤ n_out`.
+            let o = unsafe { GemmOut::from_raw(self.out.0.add(t0 * n_out + r0), rr, tt, n_out) };
+            (g.run)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], o);
             return;
         }
         let compute = |o: &mut [f32]| match self.act {

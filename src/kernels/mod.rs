@@ -14,5 +14,5 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use dispatch::{available, by_isa, kernels, Isa, Kernels, OpsFns, QuantGemm};
+pub use dispatch::{available, by_isa, kernels, GemmOut, Isa, Kernels, OpsFns, QuantGemm};
 pub use matmul::{can_multiply, matmul, matmuls, Weight};

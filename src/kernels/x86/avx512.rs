@@ -4,7 +4,7 @@
 use core::arch::x86_64::*;
 
 use super::{Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
-use crate::kernels::dispatch::{Isa, Kernels, QuantGemm};
+use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
 /// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
@@ -90,8 +90,8 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
 macro_rules! gemm_entries {
     ($($name:ident => $k:ty;)*) => {$(
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
-            super::kgemm::gemm::<$k>(w, a, n_tok, out)
+        unsafe fn $name(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+            super::kgemm::gemm::<$k>(w, a, out)
         }
     )*};
 }
@@ -111,8 +111,8 @@ fn gemm_supports(ty: GgmlType) -> bool {
     )
 }
 
-fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
-    let f: QuantFn = match ty {
+fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    let f: unsafe fn(&[u8], &[u8], GemmOut<'_>) = match ty {
         GgmlType::Q2_K => gemm_q2_k,
         GgmlType::Q3_K => gemm_q3_k,
         GgmlType::Q4_K => gemm_q4_k,
@@ -122,7 +122,7 @@ fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
     };
     // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`);
     // lengths are checked inside.
-    unsafe { f(w, a, n_tok, out) }
+    unsafe { f(w, a, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

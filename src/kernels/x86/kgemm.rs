@@ -17,6 +17,7 @@ use std::cell::Cell;
 
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
 use super::read_f32;
+use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a zmm).
 const ROWS: usize = 16;
@@ -40,17 +41,17 @@ thread_local! {
     static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
 }
 
-/// `out[t * n_rows + r] = W[r] · A[t]` (token-major) for K-quant rows `w` and Q8_K activations `a`.
+/// `out(t, r) = W[r] · A[t]` for K-quant rows `w` (`out.rows()` of them) and Q8_K activations `a`
+/// (`out.n_tok()` rows).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (the caller's target features).
 #[inline(always)]
-pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
-    if n_tok == 0 || out.is_empty() {
+pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
+    let (n_rows, n_tok) = (out.rows(), out.n_tok());
+    if n_tok == 0 || n_rows == 0 {
         return;
     }
-    let n_rows = out.len() / n_tok;
-    assert_eq!(n_rows * n_tok, out.len(), "output is not tokens × rows");
     let rb = w.len() / n_rows;
     let nb = rb / K::WB;
     assert!(
@@ -71,41 +72,27 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], n_tok: usize, out: &mu
             unpack::<K>(wp.add(r0 * rb), rb, rows, b, blk);
         }
         let panel = &panel[..nb];
-        let o = out.as_mut_ptr().add(r0);
+        // Token t's 16 results go to its output row at column r0 (`token_ptr` checks t).
+        let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
         let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
         let mut t = 0;
         while t + 8 <= n_tok {
-            tile::<K, 8>(
-                panel,
-                core::array::from_fn(|i| arow(t + i)),
-                o.add(t * n_rows),
-                n_rows,
-                mask,
-            );
+            let dst = core::array::from_fn(|i| o(t + i));
+            tile::<K, 8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 8;
         }
         if t + 4 <= n_tok {
-            tile::<K, 4>(
-                panel,
-                core::array::from_fn(|i| arow(t + i)),
-                o.add(t * n_rows),
-                n_rows,
-                mask,
-            );
+            let dst = core::array::from_fn(|i| o(t + i));
+            tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 4;
         }
         if t + 2 <= n_tok {
-            tile::<K, 2>(
-                panel,
-                core::array::from_fn(|i| arow(t + i)),
-                o.add(t * n_rows),
-                n_rows,
-                mask,
-            );
+            let dst = core::array::from_fn(|i| o(t + i));
+            tile::<K, 2>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 2;
         }
         if t < n_tok {
-            tile::<K, 1>(panel, [arow(t)], o.add(t * n_rows), n_rows, mask);
+            tile::<K, 1>(panel, [arow(t)], [o(t)], mask);
         }
         r0 += rows;
     }
@@ -205,17 +192,16 @@ unsafe fn transpose16x8(rows: &[__m256i; ROWS]) -> [__m512i; 8] {
 }
 
 /// `T` tokens × the panel's 16 rows over all `panel.len()` blocks; token `t`'s 16 results are stored
-/// (lanes in `mask`) at `out + t * ld`.
+/// (lanes in `mask`) at `out[t]`.
 ///
 /// # Safety
-/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out + t * ld` to 16 writable floats (the
-/// lanes in `mask`) for every `t < T`; the CPU features as [`gemm`].
+/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out[t]` to writable floats for the lanes in
+/// `mask`; the CPU features as [`gemm`].
 #[inline(always)]
 unsafe fn tile<K: KFormat, const T: usize>(
     panel: &[PanelBlock],
     a: [*const u8; T],
-    out: *mut f32,
-    ld: usize,
+    out: [*mut f32; T],
     mask: __mmask16,
 ) {
     let zero = _mm512_setzero_si512();
@@ -259,8 +245,8 @@ unsafe fn tile<K: KFormat, const T: usize>(
             }
         }
     }
-    for (t, v) in acc.iter().enumerate() {
-        _mm512_mask_storeu_ps(out.add(t * ld), mask, *v);
+    for (o, v) in out.iter().zip(&acc) {
+        _mm512_mask_storeu_ps(*o, mask, *v);
     }
 }
 
