@@ -3,14 +3,17 @@
 use core::arch::x86_64::*;
 
 use super::{Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
-use crate::kernels::dispatch::{Isa, Kernels};
+use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
 /// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA and F16C.
 pub static KERNELS: Kernels = Kernels {
     isa: Isa::Avx2,
     quant_rows,
-    quant_gemm: None,
+    quant_gemm: Some(QuantGemm {
+        supports: super::kgemm_supports,
+        run: quant_gemm,
+    }),
     float_rows,
     quantize_act,
     attend_f32: super::attend::entry::<f32>,
@@ -80,6 +83,37 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed
     // AVX2, FMA and F16C, the features `f` is compiled for; lengths are checked inside.
     unsafe { f(w, a, n_tok, out) }
+}
+
+macro_rules! gemm_entries {
+    ($($name:ident => $k:ty;)*) => {$(
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+            super::kgemm_avx2::gemm::<$k>(w, a, out)
+        }
+    )*};
+}
+
+gemm_entries! {
+    gemm_q2_k => Q2K;
+    gemm_q3_k => Q3K;
+    gemm_q4_k => Q4K;
+    gemm_q5_k => Q5K;
+    gemm_q6_k => Q6K;
+}
+
+fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    let f: unsafe fn(&[u8], &[u8], GemmOut<'_>) = match ty {
+        GgmlType::Q2_K => gemm_q2_k,
+        GgmlType::Q3_K => gemm_q3_k,
+        GgmlType::Q4_K => gemm_q4_k,
+        GgmlType::Q5_K => gemm_q5_k,
+        GgmlType::Q6_K => gemm_q6_k,
+        other => panic!("quant_gemm called with {other}"),
+    };
+    // SAFETY: the table is only handed out after AVX2, FMA and F16C were detected (see `quant_rows`);
+    // lengths are checked inside.
+    unsafe { f(w, a, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

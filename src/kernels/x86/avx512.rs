@@ -12,7 +12,7 @@ pub static KERNELS: Kernels = Kernels {
     isa: Isa::Avx512,
     quant_rows,
     quant_gemm: Some(QuantGemm {
-        supports: gemm_supports,
+        supports: super::kgemm_supports,
         run: quant_gemm,
     }),
     float_rows,
@@ -102,13 +102,6 @@ gemm_entries! {
     gemm_q4_k => Q4K;
     gemm_q5_k => Q5K;
     gemm_q6_k => Q6K;
-}
-
-fn gemm_supports(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
-    )
 }
 
 fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {

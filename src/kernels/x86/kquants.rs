@@ -49,6 +49,8 @@ pub(super) trait KFormat {
     const SCALES16: bool;
     /// The dedicated 4-row decode kernel this format uses, if any.
     const DECODE: Decode;
+    /// Bits per code (codes are `0..2^CODE_BITS`).
+    const CODE_BITS: u32;
     /// Offset of a u32 inside the block holding `d` as its low (`D_HI == 0`) or high half; for formats
     /// with mins, `dmin` is the high half.
     const DD_AT: usize = 0;
@@ -180,6 +182,7 @@ unsafe fn crumb_chunk(qs: *const u8, c: usize) -> __m256i {
 
 pub(crate) struct Q4K;
 impl KFormat for Q4K {
+    const CODE_BITS: u32 = 4;
     const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 144;
     const MINS: bool = true;
@@ -197,6 +200,7 @@ impl KFormat for Q4K {
 
 pub(crate) struct Q5K;
 impl KFormat for Q5K {
+    const CODE_BITS: u32 = 5;
     const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 176;
     const MINS: bool = true;
@@ -215,6 +219,7 @@ impl KFormat for Q5K {
 
 pub(crate) struct Q2K;
 impl KFormat for Q2K {
+    const CODE_BITS: u32 = 2;
     const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 80;
     const D_HI: i32 = 0;
@@ -244,6 +249,7 @@ impl KFormat for Q2K {
 
 pub(crate) struct Q3K;
 impl KFormat for Q3K {
+    const CODE_BITS: u32 = 3;
     const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 106;
     const D_HI: i32 = 1;
@@ -281,6 +287,7 @@ impl KFormat for Q3K {
 
 pub(crate) struct Q6K;
 impl KFormat for Q6K {
+    const CODE_BITS: u32 = 6;
     const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 206;
     const D_HI: i32 = 1;

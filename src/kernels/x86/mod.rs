@@ -18,6 +18,7 @@ pub mod avx2;
 pub mod avx512;
 mod float;
 mod kgemm;
+mod kgemm_avx2;
 mod kquants;
 mod legacy;
 pub(crate) mod ops;
@@ -183,6 +184,12 @@ pub(crate) unsafe fn quant_rows<
         }
         t += tt;
     }
+}
+
+/// The weight types the prefill GEMMs ([`kgemm`], [`kgemm_avx2`]) take: the K-quants.
+fn kgemm_supports(ty: crate::quant::GgmlType) -> bool {
+    use crate::quant::GgmlType as G;
+    matches!(ty, G::Q2_K | G::Q3_K | G::Q4_K | G::Q5_K | G::Q6_K)
 }
 
 pub(crate) use float::float_rows;
