@@ -1,11 +1,11 @@
 //! Prefill GEMM for the K-quants on NEON with FEAT_DotProd: 4 weight rows × 4 codes in a 128-bit vector.
 //!
 //! The row kernels of [`super::kquants`] decode each block's codes (shifts, masks, high-bit merges) for
-//! every (row, token) pair. Here a panel of 8 rows is decoded once per call into a layout where byte
-//! `4r + m` of quad vector `(q, v)` holds the code of row `4v + r` at column `4q + m` (signed i8: the same
-//! values the row kernels feed to `sdot`, offsets of Q3_K/Q6_K included), next to the rows' sub-block
-//! scales and mins as vector lanes. Then `sdot vD.4s, vW.16b, vA.4b[i]` (by element) multiplies 4 rows
-//! by 4 activation bytes of one token: 16 products, no activation shuffles.
+//! every (row, token) pair. Here a panel of 4 rows is decoded once per call into a layout where byte
+//! `4r + m` of quad vector `q` holds the code of row `r` at column `4q + m` (signed i8: the same values
+//! the row kernels feed to `sdot`, offsets of Q3_K/Q6_K included), next to the rows' sub-block scales and
+//! mins as vector lanes. Then `sdot vD.4s, vW.16b, vA.4b[i]` (by element) multiplies the 4 rows by 4
+//! activation bytes of one token: 16 products, no activation shuffles.
 //!
 //! Bit-identity with the row kernels: a row kernel keeps a block's integer sum in the 4 i32 lanes of its
 //! `sdot` accumulator, lane `i` holding the (scaled) products of the columns `c` with `c % 16 / 4 == i`,
@@ -13,13 +13,20 @@
 //! fused multiply-add per lane) and only sums the lanes at the end (`vaddvq_f32`: `(l0 + l1) + (l2 + l3)`),
 //! plus a scalar part for the mins. So the GEMM keeps the same 4 "column classes" apart: quad `q` goes to
 //! class `q % 4` (activation element `i = q % 4` of the 16-byte activation chunk), each class has its own
-//! accumulator per (4 rows, token), and the epilogue performs the same f32 operations in the same order
+//! accumulators per (4 rows, token), and the epilogue performs the same f32 operations in the same order
 //! per (row, block, token). The integer sums per class are exact, so the results are bit-identical to
 //! the row kernels of the dot-product table (prefill equals decode).
 //!
-//! Tiles: 8 rows (2 vectors) × 2 tokens: 16 i32 class accumulators, 2 × 2 activation chunks and 2 × 2
-//! weight quads per class, 2 scale vectors (about 28 of the 32 vector registers); a 1-token tile for an
-//! odd token count.
+//! Sub-block scales by summation by parts: with `P_j` the running (never reset) `sdot` sum of a class up
+//! to sub-block `j` and `δ_j = sc_j − sc_{j+1}` (`sc_n = 0`), `Σ_j sc_j·(P_j − P_{j−1}) = Σ_j δ_j·P_j`.
+//! The panel stores `δ`, so a sub-block costs one `mla` per class and token and no accumulator reset;
+//! the i32 arithmetic wraps, and the result is the exact block sum (which fits in i32, §5.3).
+//!
+//! Tile: 4 rows × 2 tokens: 8 running sums `P` and 8 scaled sums `S` (token × class), 2 × 2 activation
+//! chunks, 2 weight quads and the `δ` vector (23 of the 32 vector registers); a 1-token tile for an odd
+//! token count. Per sub-block of 32 columns (Q4_K, Q5_K): 8 quad loads, 2 chunk loads per token, 16
+//! `sdot` and 8 `mla` for 256 multiply-adds; per sub-block of 16 columns: 4 + 2 loads, 8 `sdot`, 8
+//! `mla`.
 
 use core::arch::aarch64::*;
 use core::arch::asm;
@@ -30,10 +37,8 @@ use super::kquants::{
 };
 use super::neon::{h2f, ld_f32, ld_u16};
 
-/// Vectors of 4 rows per panel.
-const V: usize = 2;
-/// Rows per panel.
-const ROWS: usize = 4 * V;
+/// Rows per panel (the i32 lanes of a vector).
+const ROWS: usize = 4;
 /// Tokens per tile (the last odd token goes through a 1-token tile).
 const TOK: usize = 2;
 
@@ -60,27 +65,27 @@ impl RowBlock {
     };
 }
 
-/// One super-block (256 columns) of an 8-row panel, decoded and transposed.
+/// One super-block (256 columns) of a 4-row panel, decoded and transposed.
 #[derive(Clone, Copy)]
 #[repr(C, align(16))]
 pub(super) struct PanelBlock {
-    /// `codes[q][v]`: byte `4r + m` is row `4v + r`'s code at column `4q + m`.
-    codes: [[[i8; 16]; V]; 64],
-    /// `sc[j][v]`: lane `r` is row `4v + r`'s scale of sub-block `j`.
-    sc: [[[i32; 4]; V]; 16],
-    /// `mins[j][v]`: lane `r` is row `4v + r`'s min of sub-block `j`.
-    mins: [[[i16; 4]; V]; 16],
-    d: [[f32; 4]; V],
-    dmin: [[f32; 4]; V],
+    /// `codes[q]`: byte `4r + m` is row `r`'s code at column `4q + m`.
+    codes: [[i8; 16]; 64],
+    /// `delta[j]`: lane `r` is row `r`'s `sc_j − sc_{j+1}` (sub-block scales, `sc_16 = 0`).
+    delta: [[i32; 4]; 16],
+    /// `mins[j]`: lane `r` is row `r`'s min of sub-block `j`.
+    mins: [[i16; 4]; 16],
+    d: [f32; 4],
+    dmin: [f32; 4],
 }
 
 impl PanelBlock {
     const ZERO: PanelBlock = PanelBlock {
-        codes: [[[0; 16]; V]; 64],
-        sc: [[[0; 4]; V]; 16],
-        mins: [[[0; 4]; V]; 16],
-        d: [[0.0; 4]; V],
-        dmin: [[0.0; 4]; V],
+        codes: [[0; 16]; 64],
+        delta: [[0; 4]; 16],
+        mins: [[0; 4]; 16],
+        d: [0.0; 4],
+        dmin: [0.0; 4],
     };
 }
 
@@ -381,7 +386,7 @@ pub(super) unsafe fn gemm<K: KGemm>(w: &[u8], a: &[u8], n_tok: usize, out: &mut 
     PANEL.set(panel);
 }
 
-/// Decodes block `b` of `rows` (≤ 8) rows starting at `w` (`rb` bytes apart) into `out`, through the
+/// Decodes block `b` of `rows` (≤ 4) rows starting at `w` (`rb` bytes apart) into `out`, through the
 /// per-row scratch `rows_blk` (whose entries past `rows` must be zero).
 ///
 /// # Safety
@@ -399,39 +404,33 @@ unsafe fn unpack<K: KGemm>(
     for (r, rbk) in rows_blk[..rows].iter_mut().enumerate() {
         K::decode(w.add(r * rb + b * K::WB), rbk);
     }
-    for v in 0..V {
-        let g = &rows_blk[4 * v..4 * v + 4];
-        // 16 columns at a time: a 4 × 4 transpose of u32 (4 codes) from rows to quads.
-        for c in 0..16 {
-            let r: [uint32x4_t; 4] = core::array::from_fn(|i| {
-                vreinterpretq_u32_s8(vld1q_s8(g[i].codes[16 * c..16 * c + 16].as_ptr()))
-            });
-            let t0 = vtrn1q_u32(r[0], r[1]);
-            let t1 = vtrn2q_u32(r[0], r[1]);
-            let t2 = vtrn1q_u32(r[2], r[3]);
-            let t3 = vtrn2q_u32(r[2], r[3]);
-            let (t0, t1) = (vreinterpretq_u64_u32(t0), vreinterpretq_u64_u32(t1));
-            let (t2, t3) = (vreinterpretq_u64_u32(t2), vreinterpretq_u64_u32(t3));
-            let quads = [
-                vtrn1q_u64(t0, t2),
-                vtrn1q_u64(t1, t3),
-                vtrn2q_u64(t0, t2),
-                vtrn2q_u64(t1, t3),
-            ];
-            for (k, q) in quads.into_iter().enumerate() {
-                vst1q_s8(
-                    out.codes[4 * c + k][v].as_mut_ptr(),
-                    vreinterpretq_s8_u64(q),
-                );
-            }
+    let g = &*rows_blk;
+    // 16 columns at a time: a 4 × 4 transpose of u32 (4 codes) from rows to quads.
+    for (c, quads) in out.codes.chunks_exact_mut(4).enumerate() {
+        let r: [uint32x4_t; 4] = core::array::from_fn(|i| {
+            vreinterpretq_u32_s8(vld1q_s8(g[i].codes[16 * c..16 * c + 16].as_ptr()))
+        });
+        let t0 = vreinterpretq_u64_u32(vtrn1q_u32(r[0], r[1]));
+        let t1 = vreinterpretq_u64_u32(vtrn2q_u32(r[0], r[1]));
+        let t2 = vreinterpretq_u64_u32(vtrn1q_u32(r[2], r[3]));
+        let t3 = vreinterpretq_u64_u32(vtrn2q_u32(r[2], r[3]));
+        let q = [
+            vtrn1q_u64(t0, t2),
+            vtrn1q_u64(t1, t3),
+            vtrn2q_u64(t0, t2),
+            vtrn2q_u64(t1, t3),
+        ];
+        for (dst, q) in quads.iter_mut().zip(q) {
+            vst1q_s8(dst.as_mut_ptr(), vreinterpretq_s8_u64(q));
         }
-        for j in 0..16 {
-            out.sc[j][v] = core::array::from_fn(|i| g[i].sc[j]);
-            out.mins[j][v] = core::array::from_fn(|i| g[i].mins[j]);
-        }
-        out.d[v] = core::array::from_fn(|i| g[i].d);
-        out.dmin[v] = core::array::from_fn(|i| g[i].dmin);
     }
+    // Scale differences for the summation by parts (the scales past the format's sub-blocks are zero).
+    for (j, (delta, mins)) in out.delta.iter_mut().zip(&mut out.mins).enumerate() {
+        *delta = core::array::from_fn(|i| g[i].sc[j] - g[i].sc.get(j + 1).copied().unwrap_or(0));
+        *mins = core::array::from_fn(|i| g[i].mins[j]);
+    }
+    out.d = core::array::from_fn(|i| g[i].d);
+    out.dmin = core::array::from_fn(|i| g[i].dmin);
 }
 
 /// `acc.s[r] += Σ_m w.b[4r + m] · a.b[4I + m]` (`sdot`, by element).
@@ -460,10 +459,10 @@ unsafe fn sdot_lane<const I: usize>(mut acc: int32x4_t, w: int8x16_t, a: int8x16
     acc
 }
 
-/// Σ_k mins[k] · bsums[k] for the 4 rows of vector `v` (16 mins, `b0`/`b1` the 16 bsums).
+/// Σ_k mins[k] · bsums[k] for the panel's 4 rows (16 mins, `b0`/`b1` the 16 bsums).
 #[inline(always)]
-unsafe fn mins16(pb: &PanelBlock, v: usize, b0: int16x8_t, b1: int16x8_t) -> int32x4_t {
-    let m = |k: usize| vld1_s16(pb.mins[k][v].as_ptr());
+unsafe fn mins16(pb: &PanelBlock, b0: int16x8_t, b1: int16x8_t) -> int32x4_t {
+    let m = |k: usize| vld1_s16(pb.mins[k].as_ptr());
     let mut acc = vmull_laneq_s16::<0>(m(0), b0);
     acc = vmlal_laneq_s16::<1>(acc, m(1), b0);
     acc = vmlal_laneq_s16::<2>(acc, m(2), b0);
@@ -482,10 +481,10 @@ unsafe fn mins16(pb: &PanelBlock, v: usize, b0: int16x8_t, b1: int16x8_t) -> int
     vmlal_laneq_s16::<7>(acc, m(15), b1)
 }
 
-/// Σ_j mins[j] · pairs[j] for the 4 rows of vector `v` (8 mins, `pairs[j] = bsums[2j] + bsums[2j+1]`).
+/// Σ_j mins[j] · pairs[j] for the panel's 4 rows (8 mins, `pairs[j] = bsums[2j] + bsums[2j+1]`).
 #[inline(always)]
-unsafe fn mins8(pb: &PanelBlock, v: usize, pairs: int16x8_t) -> int32x4_t {
-    let m = |k: usize| vld1_s16(pb.mins[k][v].as_ptr());
+unsafe fn mins8(pb: &PanelBlock, pairs: int16x8_t) -> int32x4_t {
+    let m = |k: usize| vld1_s16(pb.mins[k].as_ptr());
     let mut acc = vmull_laneq_s16::<0>(m(0), pairs);
     acc = vmlal_laneq_s16::<1>(acc, m(1), pairs);
     acc = vmlal_laneq_s16::<2>(acc, m(2), pairs);
@@ -496,39 +495,34 @@ unsafe fn mins8(pb: &PanelBlock, v: usize, pairs: int16x8_t) -> int32x4_t {
     vmlal_laneq_s16::<7>(acc, m(7), pairs)
 }
 
-/// Column class `I` of sub-block `j` (chunks `j·cps .. j·cps + cps` of 16 columns): `s[t][v][I] +=
-/// sc[v] · Σ (codes · activations)` over the quads `4·chunk + I`.
+/// Column class `I` of sub-block `j` (chunks `j·cps .. j·cps + cps` of 16 columns): `p[t][I] += Σ (codes ·
+/// activations)` over the quads `4·chunk + I`.
 ///
 /// # Safety
 /// The CPU must have FEAT_DotProd; `cps` ≤ 2 and `(j + 1)·cps` ≤ 16.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn class<const T: usize, const I: usize>(
     pb: &PanelBlock,
     j: usize,
     cps: usize,
     av: &[[int8x16_t; 2]; T],
-    sc: &[int32x4_t; V],
-    s: &mut [[[int32x4_t; 4]; V]; T],
+    p: &mut [[int32x4_t; 4]; T],
 ) {
-    for v in 0..V {
-        let w0 = vld1q_s8(pb.codes[4 * (j * cps) + I][v].as_ptr());
-        let w1 = if cps == 2 {
-            vld1q_s8(pb.codes[4 * (j * cps + 1) + I][v].as_ptr())
-        } else {
-            w0
-        };
-        for t in 0..T {
-            let mut p = sdot_lane::<I>(vdupq_n_s32(0), w0, av[t][0]);
-            if cps == 2 {
-                p = sdot_lane::<I>(p, w1, av[t][1]);
-            }
-            s[t][v][I] = vmlaq_s32(s[t][v][I], p, sc[v]);
+    let w0 = vld1q_s8(pb.codes[4 * (j * cps) + I].as_ptr());
+    let w1 = if cps == 2 {
+        vld1q_s8(pb.codes[4 * (j * cps + 1) + I].as_ptr())
+    } else {
+        w0
+    };
+    for (p, av) in p.iter_mut().zip(av) {
+        p[I] = sdot_lane::<I>(p[I], w0, av[0]);
+        if cps == 2 {
+            p[I] = sdot_lane::<I>(p[I], w1, av[1]);
         }
     }
 }
 
-/// `T` tokens × the panel's 8 rows over all `panel.len()` blocks; token `t`'s first `rows` results are
+/// `T` tokens × the panel's 4 rows over all `panel.len()` blocks; token `t`'s first `rows` results are
 /// stored at `out + t * ld`.
 ///
 /// Per (row, token) the f32 operations are those of the row kernels: per block, class lane `i` gets
@@ -536,7 +530,7 @@ unsafe fn class<const T: usize, const I: usize>(
 /// v_3)) + s`.
 ///
 /// # Safety
-/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out + t * ld` to `rows` (≤ 8) writable
+/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out + t * ld` to `rows` (≤ 4) writable
 /// floats for every `t < T`; the CPU features as [`gemm`].
 #[inline(always)]
 unsafe fn tile<K: KGemm, const T: usize>(
@@ -550,56 +544,57 @@ unsafe fn tile<K: KGemm, const T: usize>(
     let fzero = vdupq_n_f32(0.0);
     // Chunks of 16 columns per sub-block, sub-blocks per block.
     let (cps, n_sub) = if K::SUB16 { (1, 16) } else { (2, 8) };
-    let mut fv = [[[fzero; 4]; V]; T];
-    let mut fs = [[fzero; V]; T];
+    let mut fv = [[fzero; 4]; T];
+    let mut fs = [fzero; T];
     for (b, pb) in panel.iter().enumerate() {
         let ab: [*const u8; T] = core::array::from_fn(|t| a[t].add(b * Q8K_BYTES));
         if K::N_MIN > 0 {
+            let dmin = vld1q_f32(pb.dmin.as_ptr());
             for (fs, &y) in fs.iter_mut().zip(&ab) {
                 let b0 = vld1q_s16(y.add(Q8K_BSUMS) as *const i16);
                 let b1 = vld1q_s16(y.add(Q8K_BSUMS + 16) as *const i16);
-                let dy = ld_f32(y);
-                for (v, fs) in fs.iter_mut().enumerate() {
-                    let m = if K::N_MIN == 16 {
-                        mins16(pb, v, b0, b1)
-                    } else {
-                        // Pairs of 16-column sums: |·| ≤ 2·16·128, no i16 overflow.
-                        mins8(pb, v, vpaddq_s16(b0, b1))
-                    };
-                    let dmin_dy = vmulq_n_f32(vld1q_f32(pb.dmin[v].as_ptr()), dy);
-                    *fs = vsubq_f32(*fs, vmulq_f32(dmin_dy, vcvtq_f32_s32(m)));
+                let m = if K::N_MIN == 16 {
+                    mins16(pb, b0, b1)
+                } else {
+                    // Pairs of 16-column sums: |·| ≤ 2·16·128, no i16 overflow.
+                    mins8(pb, vpaddq_s16(b0, b1))
+                };
+                let dmin_dy = vmulq_n_f32(dmin, ld_f32(y));
+                *fs = vsubq_f32(*fs, vmulq_f32(dmin_dy, vcvtq_f32_s32(m)));
+            }
+        }
+        // Running sums P and scaled sums S per (token, class).
+        let mut p = [[zero; 4]; T];
+        let mut s = [[zero; 4]; T];
+        for j in 0..n_sub {
+            let av: [[int8x16_t; 2]; T] = core::array::from_fn(|t| {
+                let q = ab[t].add(Q8K_QS + 16 * j * cps) as *const i8;
+                let a0 = vld1q_s8(q);
+                [a0, if cps == 2 { vld1q_s8(q.add(16)) } else { a0 }]
+            });
+            class::<T, 0>(pb, j, cps, &av, &mut p);
+            class::<T, 1>(pb, j, cps, &av, &mut p);
+            class::<T, 2>(pb, j, cps, &av, &mut p);
+            class::<T, 3>(pb, j, cps, &av, &mut p);
+            let delta = vld1q_s32(pb.delta[j].as_ptr());
+            for (s, p) in s.iter_mut().zip(&p) {
+                for (s, p) in s.iter_mut().zip(p) {
+                    *s = vmlaq_s32(*s, *p, delta);
                 }
             }
         }
-        let mut s = [[[zero; 4]; V]; T];
-        for j in 0..n_sub {
-            let sc: [int32x4_t; V] = core::array::from_fn(|v| vld1q_s32(pb.sc[j][v].as_ptr()));
-            let av: [[int8x16_t; 2]; T] = core::array::from_fn(|t| {
-                let p = ab[t].add(Q8K_QS + 16 * j * cps) as *const i8;
-                let a0 = vld1q_s8(p);
-                [a0, if cps == 2 { vld1q_s8(p.add(16)) } else { a0 }]
-            });
-            class::<T, 0>(pb, j, cps, &av, &sc, &mut s);
-            class::<T, 1>(pb, j, cps, &av, &sc, &mut s);
-            class::<T, 2>(pb, j, cps, &av, &sc, &mut s);
-            class::<T, 3>(pb, j, cps, &av, &sc, &mut s);
-        }
+        let d = vld1q_f32(pb.d.as_ptr());
         for ((fv, s), &y) in fv.iter_mut().zip(&s).zip(&ab) {
-            let dy = ld_f32(y);
-            for ((fv, s), d) in fv.iter_mut().zip(s).zip(&pb.d) {
-                let d_dy = vmulq_n_f32(vld1q_f32(d.as_ptr()), dy);
-                for (fv, s) in fv.iter_mut().zip(s) {
-                    *fv = vfmaq_f32(*fv, vcvtq_f32_s32(*s), d_dy);
-                }
+            let d_dy = vmulq_n_f32(d, ld_f32(y));
+            for (fv, s) in fv.iter_mut().zip(s) {
+                *fv = vfmaq_f32(*fv, vcvtq_f32_s32(*s), d_dy);
             }
         }
     }
-    for (t, (fv, fs)) in fv.iter().zip(&fs).enumerate() {
+    for (t, (&[v0, v1, v2, v3], &s)) in fv.iter().zip(&fs).enumerate() {
         let mut res = [0f32; ROWS];
-        for ((&[v0, v1, v2, v3], &s), res) in fv.iter().zip(fs).zip(res.chunks_exact_mut(4)) {
-            let sum = vaddq_f32(vaddq_f32(v0, v1), vaddq_f32(v2, v3));
-            vst1q_f32(res.as_mut_ptr(), vaddq_f32(sum, s));
-        }
+        let sum = vaddq_f32(vaddq_f32(v0, v1), vaddq_f32(v2, v3));
+        vst1q_f32(res.as_mut_ptr(), vaddq_f32(sum, s));
         core::ptr::copy_nonoverlapping(res.as_ptr(), out.add(t * ld), rows);
     }
 }
