@@ -135,8 +135,8 @@ pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
         // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row
         // block, so consecutive items (one thread's share) reuse the same weight rows while they are in
         // cache.
-        // With the table's prefill GEMM an item is a panel of rows × all tokens (the panel is unpacked
-        // once per item).
+        // With the table's prefill GEMM an item is a panel of rows × all tokens (the panels are unpacked
+        // once per item; NEON's once per 32 tokens).
         let n_jobs = jobs.len();
         let mut jobs = jobs.iter_mut().enumerate();
         let plans: [Option<Plan>; MAX_JOBS] = std::array::from_fn(|_| {
@@ -196,7 +196,8 @@ const ROW_BLOCK: usize = 64;
 /// item's weight rows stream past them.
 const TOKEN_BLOCK: usize = 64;
 
-/// Weight rows per work item with a prefill GEMM (four 16-row panels).
+/// Weight rows per work item with a prefill GEMM (four 16-row panels on AVX-512, sixteen 4-row panels
+/// on NEON).
 const GEMM_ROWS: usize = 64;
 
 /// Fewest tokens for which the prefill GEMM is used: below, unpacking a panel costs more than it saves.

@@ -9,9 +9,9 @@ use core::arch::aarch64::*;
 use super::neon::{h2f, ld_f32, ld_s8, ld_u16, ld_u32, Acc, Block, Dot};
 
 /// Q8_K: `d` f32, 256 quants, 16 `bsums`.
-const Q8K_QS: usize = 4;
-const Q8K_BSUMS: usize = 260;
-const Q8K_BYTES: usize = 292;
+pub(super) const Q8K_QS: usize = 4;
+pub(super) const Q8K_BSUMS: usize = 260;
+pub(super) const Q8K_BYTES: usize = 292;
 
 /// `acc += Σ(x·y over 16 bytes) · scale` in i32 lanes.
 #[inline(always)]
@@ -68,7 +68,7 @@ unsafe fn bsums_dot8(y: *const u8, mins: [u8; 8]) -> i32 {
 
 /// The 8 scales and 8 mins of Q4_K/Q5_K from their 12-byte packing (§3.8), four at a time per u32.
 #[inline(always)]
-unsafe fn scales_mins(p: *const u8) -> ([u8; 8], [u8; 8]) {
+pub(super) unsafe fn scales_mins(p: *const u8) -> ([u8; 8], [u8; 8]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
@@ -83,7 +83,7 @@ unsafe fn scales_mins(p: *const u8) -> ([u8; 8], [u8; 8]) {
 
 /// The 16 signed Q3_K scales (`u − 32`) from their 12-byte packing (§3.10).
 #[inline(always)]
-unsafe fn q3_scales(p: *const u8) -> [i8; 16] {
+pub(super) unsafe fn q3_scales(p: *const u8) -> [i8; 16] {
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
     let (b0, b1, b2) = (ld_u32(p), ld_u32(p.add(4)), ld_u32(p.add(8)));

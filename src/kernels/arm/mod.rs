@@ -7,6 +7,7 @@
 
 mod attend;
 mod float;
+mod kgemm;
 mod kquants;
 mod legacy;
 mod neon;
@@ -15,7 +16,7 @@ mod quantize;
 #[cfg(test)]
 mod tests;
 
-use super::dispatch::{Isa, Kernels};
+use super::dispatch::{Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 use neon::{Dot, Sdot, Smull};
 
@@ -31,11 +32,15 @@ pub static NEON: Kernels = Kernels {
     ops: ops::OPS,
 };
 
-/// NEON with FEAT_DotProd: `sdot` integer dot products.
+/// NEON with FEAT_DotProd: `sdot` integer dot products, and a prefill GEMM for the K-quants
+/// ([`kgemm`], `sdot` by element: 4 rows × 4 codes per vector).
 pub static NEON_DOTPROD: Kernels = Kernels {
     isa: Isa::NeonDotprod,
     quant_rows: quant_rows_dotprod,
-    quant_gemm: None,
+    quant_gemm: Some(QuantGemm {
+        supports: gemm_supports,
+        run: quant_gemm_dotprod,
+    }),
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
@@ -97,5 +102,49 @@ fn quant_rows_dotprod(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut 
     } else {
         // Only reachable by calling the table directly on a CPU without dotprod: stay correct.
         quant_rows_neon(ty, w, a, n_tok, out)
+    }
+}
+
+/// The weight types of the dot-product table's prefill GEMM.
+fn gemm_supports(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K
+    )
+}
+
+#[target_feature(enable = "dotprod")]
+unsafe fn quant_gemm_sdot(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    match ty {
+        GgmlType::Q2_K => kgemm::gemm::<kquants::Q2K>(w, a, n_tok, out),
+        GgmlType::Q3_K => kgemm::gemm::<kquants::Q3K>(w, a, n_tok, out),
+        GgmlType::Q4_K => kgemm::gemm::<kquants::Q4K>(w, a, n_tok, out),
+        GgmlType::Q5_K => kgemm::gemm::<kquants::Q5K>(w, a, n_tok, out),
+        GgmlType::Q6_K => kgemm::gemm::<kquants::Q6K>(w, a, n_tok, out),
+        other => panic!("quant_gemm called with {other}"),
+    }
+}
+
+/// `out[t * n_rows + r] = W[r] · A[t]` (token-major), bit-identical to `quant_rows_dotprod`.
+fn quant_gemm_dotprod(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    if has_dotprod() {
+        // SAFETY: the CPU has FEAT_DotProd (checked just above), which is all `quant_gemm_sdot` and the
+        // `sdot` instructions inlined into it require; lengths are checked inside.
+        unsafe { quant_gemm_sdot(ty, w, a, n_tok, out) }
+    } else {
+        // Only reachable by calling the table directly on a CPU without dotprod: the row products (which
+        // fall back the same way), transposed to token-major.
+        assert!(gemm_supports(ty), "quant_gemm called with {ty}");
+        if n_tok == 0 || out.is_empty() {
+            return;
+        }
+        let n_rows = out.len() / n_tok;
+        let mut rows = vec![0f32; out.len()];
+        quant_rows_dotprod(ty, w, a, n_tok, &mut rows);
+        for (r, row) in rows.chunks_exact(n_tok).enumerate() {
+            for (t, &v) in row.iter().enumerate() {
+                out[t * n_rows + r] = v;
+            }
+        }
     }
 }
