@@ -37,6 +37,7 @@ use super::kquants::{
     q3_scales, scales_mins, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
 };
 use super::neon::{h2f, ld_f32, ld_u16};
+use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a vector).
 const ROWS: usize = 4;
@@ -337,18 +338,17 @@ impl KGemm for Q6K {
     }
 }
 
-/// `out[t * n_rows + r] = W[r] · A[t]` (token-major) for K-quant rows `w` and Q8_K activations `a`,
-/// bit-identical to the dot-product table's row kernels.
+/// `out(t, r) = W[r] · A[t]` for K-quant rows `w` (`out.rows()` of them) and Q8_K activations `a`
+/// (`out.n_tok()` rows), bit-identical to the dot-product table's row kernels.
 ///
 /// # Safety
 /// The CPU must have FEAT_DotProd (the caller's target feature). (Lengths are checked here.)
 #[inline(always)]
-pub(super) unsafe fn gemm<K: KGemm>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
-    if n_tok == 0 || out.is_empty() {
+pub(super) unsafe fn gemm<K: KGemm>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
+    let (n_rows, n_tok) = (out.rows(), out.n_tok());
+    if n_tok == 0 || n_rows == 0 {
         return;
     }
-    let n_rows = out.len() / n_tok;
-    assert_eq!(n_rows * n_tok, out.len(), "output is not tokens × rows");
     let rb = w.len() / n_rows;
     let nb = rb / K::WB;
     assert!(
@@ -373,20 +373,16 @@ pub(super) unsafe fn gemm<K: KGemm>(w: &[u8], a: &[u8], n_tok: usize, out: &mut 
                 unpack::<K>(wp.add(r0 * rb), rb, rows, b, &mut rows_blk, blk);
             }
             let panel = &panel[..nb];
-            let o = out.as_mut_ptr().add(r0);
+            // Token t's results go to its output row at column r0 (`token_ptr` checks t).
+            let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
             let mut t = t0;
             while t + TOK <= t1 {
-                tile::<K, TOK>(
-                    panel,
-                    core::array::from_fn(|i| arow(t + i)),
-                    o.add(t * n_rows),
-                    n_rows,
-                    rows,
-                );
+                let dst = core::array::from_fn(|i| o(t + i));
+                tile::<K, TOK>(panel, core::array::from_fn(|i| arow(t + i)), dst, rows);
                 t += TOK;
             }
             if t < t1 {
-                tile::<K, 1>(panel, [arow(t)], o.add(t * n_rows), n_rows, rows);
+                tile::<K, 1>(panel, [arow(t)], [o(t)], rows);
             }
             r0 += rows;
         }
@@ -563,21 +559,20 @@ unsafe fn sub_block<const T: usize>(
 }
 
 /// `T` tokens × the panel's 4 rows over all `panel.len()` blocks; token `t`'s first `rows` results are
-/// stored at `out + t * ld`.
+/// stored at `out[t]`.
 ///
 /// Per (row, token) the f32 operations are those of the row kernels: per block, class lane `i` gets
 /// `fma(v_i, float(S_i), d·dy)` and (mins) `s −= (dmin·dy)·float(M)`; at the end `((v_0 + v_1) + (v_2 +
 /// v_3)) + s`.
 ///
 /// # Safety
-/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out + t * ld` to `rows` (≤ 4) writable
-/// floats for every `t < T`; the CPU features as [`gemm`].
+/// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out[t]` to `rows` (≤ 4) writable floats;
+/// the CPU features as [`gemm`].
 #[inline(always)]
 unsafe fn tile<K: KGemm, const T: usize>(
     panel: &[PanelBlock],
     a: [*const u8; T],
-    out: *mut f32,
-    ld: usize,
+    out: [*mut f32; T],
     rows: usize,
 ) {
     let zero = vdupq_n_s32(0);
@@ -623,6 +618,6 @@ unsafe fn tile<K: KGemm, const T: usize>(
         let mut res = [0f32; ROWS];
         let sum = vaddq_f32(vaddq_f32(v0, v1), vaddq_f32(v2, v3));
         vst1q_f32(res.as_mut_ptr(), vaddq_f32(sum, s));
-        core::ptr::copy_nonoverlapping(res.as_ptr(), out.add(t * ld), rows);
+        core::ptr::copy_nonoverlapping(res.as_ptr(), out[t], rows);
     }
 }

@@ -16,7 +16,7 @@ mod quantize;
 #[cfg(test)]
 mod tests;
 
-use super::dispatch::{Isa, Kernels, QuantGemm};
+use super::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 use neon::{Dot, Sdot, Smull};
 
@@ -114,37 +114,38 @@ fn gemm_supports(ty: GgmlType) -> bool {
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn quant_gemm_sdot(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+unsafe fn quant_gemm_sdot(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
     match ty {
-        GgmlType::Q2_K => kgemm::gemm::<kquants::Q2K>(w, a, n_tok, out),
-        GgmlType::Q3_K => kgemm::gemm::<kquants::Q3K>(w, a, n_tok, out),
-        GgmlType::Q4_K => kgemm::gemm::<kquants::Q4K>(w, a, n_tok, out),
-        GgmlType::Q5_K => kgemm::gemm::<kquants::Q5K>(w, a, n_tok, out),
-        GgmlType::Q6_K => kgemm::gemm::<kquants::Q6K>(w, a, n_tok, out),
+        GgmlType::Q2_K => kgemm::gemm::<kquants::Q2K>(w, a, out),
+        GgmlType::Q3_K => kgemm::gemm::<kquants::Q3K>(w, a, out),
+        GgmlType::Q4_K => kgemm::gemm::<kquants::Q4K>(w, a, out),
+        GgmlType::Q5_K => kgemm::gemm::<kquants::Q5K>(w, a, out),
+        GgmlType::Q6_K => kgemm::gemm::<kquants::Q6K>(w, a, out),
         other => panic!("quant_gemm called with {other}"),
     }
 }
 
-/// `out[t * n_rows + r] = W[r] · A[t]` (token-major), bit-identical to `quant_rows_dotprod`.
-fn quant_gemm_dotprod(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+/// `out(t, r) = W[r] · A[t]`, bit-identical to `quant_rows_dotprod`.
+fn quant_gemm_dotprod(ty: GgmlType, w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
     if has_dotprod() {
         // SAFETY: the CPU has FEAT_DotProd (checked just above), which is all `quant_gemm_sdot` and the
         // `sdot` instructions inlined into it require; lengths are checked inside.
-        unsafe { quant_gemm_sdot(ty, w, a, n_tok, out) }
+        unsafe { quant_gemm_sdot(ty, w, a, out) }
     } else {
         // Only reachable by calling the table directly on a CPU without dotprod: the row products (which
         // fall back the same way), transposed to token-major.
         assert!(gemm_supports(ty), "quant_gemm called with {ty}");
-        if n_tok == 0 || out.is_empty() {
+        let (n_rows, n_tok) = (out.rows(), out.n_tok());
+        if n_tok == 0 || n_rows == 0 {
             return;
         }
-        let n_rows = out.len() / n_tok;
-        let mut rows = vec![0f32; out.len()];
+        let mut rows = vec![0f32; n_rows * n_tok];
         quant_rows_dotprod(ty, w, a, n_tok, &mut rows);
-        for (r, row) in rows.chunks_exact(n_tok).enumerate() {
-            for (t, &v) in row.iter().enumerate() {
-                out[t * n_rows + r] = v;
-            }
+        for t in 0..n_tok {
+            let row: Vec<f32> = (0..n_rows).map(|r| rows[r * n_tok + t]).collect();
+            let dst = out.token_ptr(t);
+            // SAFETY: `GemmOut` guarantees `n_rows` writable floats at each token's pointer.
+            unsafe { core::ptr::copy_nonoverlapping(row.as_ptr(), dst, n_rows) };
         }
     }
 }
