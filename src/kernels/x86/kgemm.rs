@@ -228,8 +228,7 @@ unsafe fn tile<K: KFormat, const T: usize>(
         let mut m = [zero; T];
         for (i, c) in pb.corr.iter().enumerate() {
             for t in 0..T {
-                let bs = _mm512_set1_epi32(read_i32(ab[t].add(ABSUMS + 4 * i)));
-                m[t] = _mm512_dpwssd_epi32(m[t], *c, bs);
+                m[t] = dpwssd_bcast(m[t], *c, ab[t].add(ABSUMS + 4 * i));
             }
         }
         for t in 0..T {
@@ -248,6 +247,30 @@ unsafe fn tile<K: KFormat, const T: usize>(
     for (o, v) in out.iter().zip(&acc) {
         _mm512_mask_storeu_ps(*o, mask, *v);
     }
+}
+
+/// `acc + Σ₂ a·b` over i16 pairs, `b` the i16 pair at `p` broadcast to every lane: one fused µop. (The
+/// intrinsic with a `set1` operand is split by LLVM into `vpmaddwd` + `vpaddd` for generic x86-64
+/// tuning, plus a separate broadcast: three µops.)
+///
+/// # Safety
+/// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features; the
+    // instruction reads only those bytes and writes only `acc`.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc}, {a}, dword ptr [{p}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    acc
 }
 
 #[inline(always)]
