@@ -120,6 +120,19 @@ impl<'a> GemmOut<'a> {
         self.n_tok
     }
 
+    /// For weights `w` (`rows()` rows of `wb`-byte blocks) and activations `a` (`n_tok()` rows, as many
+    /// `ab`-byte blocks each): the bytes per weight row and the blocks per row. Panics if the lengths
+    /// do not fit together (a kernel reads nothing before this check).
+    pub fn blocks(&self, w: &[u8], a: &[u8], wb: usize, ab: usize) -> (usize, usize) {
+        let rb = w.len() / self.rows.max(1);
+        let nb = rb / wb;
+        assert!(
+            rb * self.rows == w.len() && nb * wb == rb && a.len() == self.n_tok * nb * ab,
+            "gemm: weight/activation lengths do not match"
+        );
+        (rb, nb)
+    }
+
     /// Token `t`'s results (`t < n_tok`): `rows` writable floats.
     pub fn token_ptr(&mut self, t: usize) -> *mut f32 {
         assert!(t < self.n_tok, "GemmOut: token out of range");

@@ -349,12 +349,7 @@ pub(super) unsafe fn gemm<K: KGemm>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
     if n_tok == 0 || n_rows == 0 {
         return;
     }
-    let rb = w.len() / n_rows;
-    let nb = rb / K::WB;
-    assert!(
-        rb * n_rows == w.len() && nb * K::WB == rb && a.len() == n_tok * nb * Q8K_BYTES,
-        "gemm: weight/activation lengths do not match"
-    );
+    let (rb, nb) = out.blocks(w, a, K::WB, Q8K_BYTES);
     let mut panel = PANEL.take();
     if panel.len() < nb {
         panel.resize(nb, PanelBlock::ZERO);

@@ -87,36 +87,7 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
     unsafe { f(w, a, n_tok, out) }
 }
 
-macro_rules! gemm_entries {
-    ($($name:ident => $k:ty;)*) => {$(
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn $name(w: &[u8], a: &[u8], out: GemmOut<'_>) {
-            super::kgemm::gemm::<$k>(w, a, out)
-        }
-    )*};
-}
-
-gemm_entries! {
-    gemm_q2_k => Q2K;
-    gemm_q3_k => Q3K;
-    gemm_q4_k => Q4K;
-    gemm_q5_k => Q5K;
-    gemm_q6_k => Q6K;
-}
-
-fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
-    let f: unsafe fn(&[u8], &[u8], GemmOut<'_>) = match ty {
-        GgmlType::Q2_K => gemm_q2_k,
-        GgmlType::Q3_K => gemm_q3_k,
-        GgmlType::Q4_K => gemm_q4_k,
-        GgmlType::Q5_K => gemm_q5_k,
-        GgmlType::Q6_K => gemm_q6_k,
-        other => panic!("quant_gemm called with {other}"),
-    };
-    // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`);
-    // lengths are checked inside.
-    unsafe { f(w, a, out) }
-}
+super::kgemm_entry!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", kgemm);
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn float_rows_impl(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]) {

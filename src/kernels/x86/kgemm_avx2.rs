@@ -52,12 +52,7 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
     if n_tok == 0 || n_rows == 0 {
         return;
     }
-    let rb = w.len() / n_rows;
-    let nb = rb / K::WB;
-    assert!(
-        rb * n_rows == w.len() && nb * K::WB == rb && a.len() == n_tok * nb * AB,
-        "gemm: weight/activation lengths do not match"
-    );
+    let (rb, nb) = out.blocks(w, a, K::WB, AB);
     let mut panel = PANEL.take();
     if panel.len() < nb {
         // SAFETY: `PanelBlock` is vectors only, for which all-zero bytes are a valid value.

@@ -192,6 +192,31 @@ fn kgemm_supports(ty: crate::quant::GgmlType) -> bool {
     matches!(ty, G::Q2_K | G::Q3_K | G::Q4_K | G::Q5_K | G::Q6_K)
 }
 
+/// A table's `quant_gemm` entry: `fn quant_gemm(ty, w, a, out)` dispatching the K-quants to
+/// `$module::gemm::<K>`, each instantiation compiled with `$features`.
+macro_rules! kgemm_entry {
+    ($features:literal, $module:ident) => {
+        fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+            #[target_feature(enable = $features)]
+            unsafe fn run<K: super::kquants::KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+                super::$module::gemm::<K>(w, a, out)
+            }
+            let f: unsafe fn(&[u8], &[u8], GemmOut<'_>) = match ty {
+                GgmlType::Q2_K => run::<Q2K>,
+                GgmlType::Q3_K => run::<Q3K>,
+                GgmlType::Q4_K => run::<Q4K>,
+                GgmlType::Q5_K => run::<Q5K>,
+                GgmlType::Q6_K => run::<Q6K>,
+                other => panic!("quant_gemm called with {other}"),
+            };
+            // SAFETY: the table holding this entry is only handed out after `detected()` confirmed
+            // `$features`; lengths are checked inside.
+            unsafe { f(w, a, out) }
+        }
+    };
+}
+pub(crate) use kgemm_entry;
+
 pub(crate) use float::float_rows;
 pub(crate) use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
 pub(crate) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
