@@ -34,7 +34,7 @@ use core::arch::asm;
 use std::cell::Cell;
 
 use super::kquants::{
-    q3_scales, scales_mins, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
+    q3_scales, q6k_half, scales_mins, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
 };
 use super::neon::{h2f, ld_f32, ld_u16};
 use crate::kernels::GemmOut;
@@ -201,6 +201,24 @@ impl KGemm for Q3K {
     }
 }
 
+/// Q4_K/Q5_K: the 8 sub-block scales and mins (12 bytes after `d`, `dmin`) into `out`.
+///
+/// # Safety
+/// `x` must be readable for the block's first 16 bytes.
+#[inline(always)]
+unsafe fn scales_mins_into(x: *const u8, out: &mut RowBlock) {
+    let (scales, mins) = scales_mins(x.add(4));
+    for ((sc, mn), (s, m)) in out
+        .sc
+        .iter_mut()
+        .zip(&mut out.mins)
+        .zip(scales.into_iter().zip(mins))
+    {
+        *sc = s as i32;
+        *mn = m as i16;
+    }
+}
+
 impl KGemm for Q4K {
     const WB: usize = 144;
     const SUB16: bool = false;
@@ -208,16 +226,7 @@ impl KGemm for Q4K {
 
     #[inline(always)]
     unsafe fn decode(x: *const u8, out: &mut RowBlock) {
-        let (scales, mins) = scales_mins(x.add(4));
-        for ((sc, mn), (s, m)) in out
-            .sc
-            .iter_mut()
-            .zip(&mut out.mins)
-            .zip(scales.into_iter().zip(mins))
-        {
-            *sc = s as i32;
-            *mn = m as i16;
-        }
+        scales_mins_into(x, out);
         let m4 = vdupq_n_u8(0x0F);
         for c in 0..4 {
             let q0 = vld1q_u8(x.add(16 + 32 * c));
@@ -240,16 +249,7 @@ impl KGemm for Q5K {
 
     #[inline(always)]
     unsafe fn decode(x: *const u8, out: &mut RowBlock) {
-        let (scales, mins) = scales_mins(x.add(4));
-        for ((sc, mn), (s, m)) in out
-            .sc
-            .iter_mut()
-            .zip(&mut out.mins)
-            .zip(scales.into_iter().zip(mins))
-        {
-            *sc = s as i32;
-            *mn = m as i16;
-        }
+        scales_mins_into(x, out);
         let m4 = vdupq_n_u8(0x0F);
         let sixteen = vdupq_n_u8(0x10);
         let mut qh0 = vld1q_u8(x.add(16));
@@ -284,54 +284,11 @@ impl KGemm for Q6K {
         for (k, o) in out.sc.iter_mut().enumerate() {
             *o = *x.add(192 + k) as i8 as i32;
         }
-        let m4 = vdupq_n_u8(0x0F);
-        let m30 = vdupq_n_u8(0x30);
-        let bias = vdupq_n_s8(32);
         for h in 0..2 {
-            let ql = x.add(64 * h);
-            let qh = x.add(128 + 32 * h);
-            let (a0, a1) = (vld1q_u8(ql), vld1q_u8(ql.add(16)));
-            let (b0, b1) = (vld1q_u8(ql.add(32)), vld1q_u8(ql.add(48)));
-            let (h0, h1) = (vld1q_u8(qh), vld1q_u8(qh.add(16)));
-            // As the row kernel: quarter j's low nibbles and its two high bits at bits 4..6.
-            let quarters = [
-                (
-                    vandq_u8(a0, m4),
-                    vandq_u8(a1, m4),
-                    vandq_u8(vshlq_n_u8::<4>(h0), m30),
-                    vandq_u8(vshlq_n_u8::<4>(h1), m30),
-                ),
-                (
-                    vandq_u8(b0, m4),
-                    vandq_u8(b1, m4),
-                    vandq_u8(vshlq_n_u8::<2>(h0), m30),
-                    vandq_u8(vshlq_n_u8::<2>(h1), m30),
-                ),
-                (
-                    vshrq_n_u8::<4>(a0),
-                    vshrq_n_u8::<4>(a1),
-                    vandq_u8(h0, m30),
-                    vandq_u8(h1, m30),
-                ),
-                (
-                    vshrq_n_u8::<4>(b0),
-                    vshrq_n_u8::<4>(b1),
-                    vandq_u8(vshrq_n_u8::<2>(h0), m30),
-                    vandq_u8(vshrq_n_u8::<2>(h1), m30),
-                ),
-            ];
-            for (j, (lo0, lo1, hi0, hi1)) in quarters.into_iter().enumerate() {
+            for (j, (v0, v1)) in q6k_half(x, h).into_iter().enumerate() {
                 let col = 128 * h + 32 * j;
-                put(
-                    out,
-                    col,
-                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo0, hi0)), bias),
-                );
-                put(
-                    out,
-                    col + 16,
-                    vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo1, hi1)), bias),
-                );
+                put(out, col, v0);
+                put(out, col + 16, v1);
             }
         }
         out.d = h2f(ld_u16(x.add(208)));

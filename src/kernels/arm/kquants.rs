@@ -243,56 +243,69 @@ impl Block for Q5K {
 
 pub(super) struct Q6K;
 
+/// Half `h` of a Q6_K block (columns `128h..128h+128`) as signed codes `q − 32`, quarter by quarter:
+/// `[j] = (columns 32j..32j+16, 32j+16..32j+32)` of the half. Quarter j takes the low nibbles of `ql`'s
+/// first 32 bytes (j = 0), of the next 32 (1), their high nibbles (2, 3), and bits 2j..2j+2 of `qh` as
+/// bits 4..6. Shared by the row kernel and the GEMM's panel decoder.
+///
+/// # Safety
+/// `x` must be readable for a whole Q6_K block (210 bytes), `h < 2`.
+#[inline(always)]
+pub(super) unsafe fn q6k_half(x: *const u8, h: usize) -> [(int8x16_t, int8x16_t); 4] {
+    let m4 = vdupq_n_u8(0x0F);
+    let m30 = vdupq_n_u8(0x30);
+    let bias = vdupq_n_s8(32);
+    let ql = x.add(64 * h);
+    let qh = x.add(128 + 32 * h);
+    let (a0, a1) = (vld1q_u8(ql), vld1q_u8(ql.add(16)));
+    let (b0, b1) = (vld1q_u8(ql.add(32)), vld1q_u8(ql.add(48)));
+    let (h0, h1) = (vld1q_u8(qh), vld1q_u8(qh.add(16)));
+    let quarters = [
+        (
+            vandq_u8(a0, m4),
+            vandq_u8(a1, m4),
+            vandq_u8(vshlq_n_u8::<4>(h0), m30),
+            vandq_u8(vshlq_n_u8::<4>(h1), m30),
+        ),
+        (
+            vandq_u8(b0, m4),
+            vandq_u8(b1, m4),
+            vandq_u8(vshlq_n_u8::<2>(h0), m30),
+            vandq_u8(vshlq_n_u8::<2>(h1), m30),
+        ),
+        (
+            vshrq_n_u8::<4>(a0),
+            vshrq_n_u8::<4>(a1),
+            vandq_u8(h0, m30),
+            vandq_u8(h1, m30),
+        ),
+        (
+            vshrq_n_u8::<4>(b0),
+            vshrq_n_u8::<4>(b1),
+            vandq_u8(vshrq_n_u8::<2>(h0), m30),
+            vandq_u8(vshrq_n_u8::<2>(h1), m30),
+        ),
+    ];
+    quarters.map(|(lo0, lo1, hi0, hi1)| {
+        (
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo0, hi0)), bias),
+            vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo1, hi1)), bias),
+        )
+    })
+}
+
 impl Block for Q6K {
     const W: usize = 210;
     const A: usize = Q8K_BYTES;
 
     #[inline(always)]
     unsafe fn dot<D: Dot>(acc: &mut Acc, x: *const u8, y: *const u8) {
-        let m4 = vdupq_n_u8(0x0F);
-        let m30 = vdupq_n_u8(0x30);
-        let bias = vdupq_n_s8(32);
         let sc = x.add(192) as *const i8;
         let mut isum = vdupq_n_s32(0);
         for h in 0..2 {
-            let ql = x.add(64 * h);
-            let qh = x.add(128 + 32 * h);
-            let (a0, a1) = (vld1q_u8(ql), vld1q_u8(ql.add(16)));
-            let (b0, b1) = (vld1q_u8(ql.add(32)), vld1q_u8(ql.add(48)));
-            let (h0, h1) = (vld1q_u8(qh), vld1q_u8(qh.add(16)));
-            // Quarter j of this half: low nibbles of a (j = 0), of b (1), high nibbles of a (2), of b (3);
-            // high bits 2j..2j+2 of qh moved to bits 4..6.
-            let quarters = [
-                (
-                    vandq_u8(a0, m4),
-                    vandq_u8(a1, m4),
-                    vandq_u8(vshlq_n_u8::<4>(h0), m30),
-                    vandq_u8(vshlq_n_u8::<4>(h1), m30),
-                ),
-                (
-                    vandq_u8(b0, m4),
-                    vandq_u8(b1, m4),
-                    vandq_u8(vshlq_n_u8::<2>(h0), m30),
-                    vandq_u8(vshlq_n_u8::<2>(h1), m30),
-                ),
-                (
-                    vshrq_n_u8::<4>(a0),
-                    vshrq_n_u8::<4>(a1),
-                    vandq_u8(h0, m30),
-                    vandq_u8(h1, m30),
-                ),
-                (
-                    vshrq_n_u8::<4>(b0),
-                    vshrq_n_u8::<4>(b1),
-                    vandq_u8(vshrq_n_u8::<2>(h0), m30),
-                    vandq_u8(vshrq_n_u8::<2>(h1), m30),
-                ),
-            ];
-            for (j, (lo0, lo1, hi0, hi1)) in quarters.into_iter().enumerate() {
+            for (j, (v0, v1)) in q6k_half(x, h).into_iter().enumerate() {
                 let k = 8 * h + 2 * j;
                 let yj = y.add(Q8K_QS + 128 * h + 32 * j);
-                let v0 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo0, hi0)), bias);
-                let v1 = vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo1, hi1)), bias);
                 isum = sub16s::<D>(isum, v0, yj, *sc.add(k) as i32);
                 isum = sub16s::<D>(isum, v1, yj.add(16), *sc.add(k + 1) as i32);
             }

@@ -16,7 +16,7 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
-use super::read_f32;
+use super::{read_f32, read_u32};
 use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a zmm).
@@ -211,7 +211,7 @@ unsafe fn tile<K: KFormat, const T: usize>(
             for q in j * qps..(j + 1) * qps {
                 let wq = pb.codes[q];
                 for t in 0..T {
-                    let y = _mm512_set1_epi32(read_i32(ab[t].add(AQS + 4 * q)));
+                    let y = _mm512_set1_epi32(read_u32(ab[t].add(AQS + 4 * q)) as i32);
                     isum[t] = _mm512_dpbusd_epi32(isum[t], wq, y);
                 }
             }
@@ -271,9 +271,4 @@ unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
 #[inline(always)]
 unsafe fn shl(v: __m512i, n: i32) -> __m512i {
     _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
-}
-
-#[inline(always)]
-unsafe fn read_i32(p: *const u8) -> i32 {
-    i32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4]))
 }

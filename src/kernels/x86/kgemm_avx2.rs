@@ -16,7 +16,7 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
-use super::read_f32;
+use super::{read_f32, read_u32};
 use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a ymm).
@@ -204,7 +204,7 @@ unsafe fn tile<K: KFormat, const T: usize>(
                 for q in g0..g0 + group {
                     let wq = pb.codes[q];
                     for t in 0..T {
-                        let y = _mm256_set1_epi32(read_i32(ab[t].add(AQS + 4 * q)));
+                        let y = _mm256_set1_epi32(read_u32(ab[t].add(AQS + 4 * q)) as i32);
                         p16[t] = _mm256_add_epi16(p16[t], _mm256_maddubs_epi16(wq, y));
                     }
                 }
@@ -217,7 +217,7 @@ unsafe fn tile<K: KFormat, const T: usize>(
         let mut m = [zero; T];
         for (i, c) in pb.corr.iter().enumerate() {
             for t in 0..T {
-                let bs = _mm256_set1_epi32(read_i32(ab[t].add(ABSUMS + 4 * i)));
+                let bs = _mm256_set1_epi32(read_u32(ab[t].add(ABSUMS + 4 * i)) as i32);
                 m[t] = _mm256_add_epi32(m[t], _mm256_madd_epi16(*c, bs));
             }
         }
@@ -244,9 +244,4 @@ unsafe fn tile<K: KFormat, const T: usize>(
             core::ptr::copy_nonoverlapping(tmp.as_ptr(), *o, rows);
         }
     }
-}
-
-#[inline(always)]
-unsafe fn read_i32(p: *const u8) -> i32 {
-    i32::from_le_bytes(core::ptr::read_unaligned(p as *const [u8; 4]))
 }
