@@ -34,7 +34,8 @@ use core::arch::asm;
 use std::cell::Cell;
 
 use super::kquants::{
-    q3_scales, q6k_half, scales_mins, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BSUMS, Q8K_BYTES, Q8K_QS,
+    q3_scales, q3k_half, q6k_half, scales_mins, Q2K, Q3K, Q4K, Q5K, Q6K, Q8K_BSUMS, Q8K_BYTES,
+    Q8K_QS,
 };
 use super::neon::{h2f, ld_f32, ld_u16};
 use crate::kernels::GemmOut;
@@ -169,32 +170,11 @@ impl KGemm for Q3K {
         for (o, s) in out.sc.iter_mut().zip(q3_scales(x.add(96))) {
             *o = s as i32;
         }
-        let three = vdupq_n_u8(3);
-        let four = vdupq_n_u8(4);
-        let mut hm0 = vld1q_u8(x);
-        let mut hm1 = vld1q_u8(x.add(16));
         for h in 0..2 {
-            let mut q0 = vld1q_u8(x.add(32 + 32 * h));
-            let mut q1 = vld1q_u8(x.add(32 + 32 * h + 16));
-            for j in 0..4 {
+            for (j, (v0, v1)) in q3k_half(x, h).into_iter().enumerate() {
                 let col = 128 * h + 32 * j;
-                // q − 4 = low2 − (4 where the high bit is clear), as the row kernel.
-                let c0 = vbicq_u8(four, vshlq_n_u8::<2>(hm0));
-                let c1 = vbicq_u8(four, vshlq_n_u8::<2>(hm1));
-                let v0 = vsubq_s8(
-                    vreinterpretq_s8_u8(vandq_u8(q0, three)),
-                    vreinterpretq_s8_u8(c0),
-                );
-                let v1 = vsubq_s8(
-                    vreinterpretq_s8_u8(vandq_u8(q1, three)),
-                    vreinterpretq_s8_u8(c1),
-                );
                 put(out, col, v0);
                 put(out, col + 16, v1);
-                q0 = vshrq_n_u8::<2>(q0);
-                q1 = vshrq_n_u8::<2>(q1);
-                hm0 = vshrq_n_u8::<1>(hm0);
-                hm1 = vshrq_n_u8::<1>(hm1);
             }
         }
         out.d = h2f(ld_u16(x.add(108)));

@@ -136,6 +136,43 @@ impl Block for Q2K {
 
 pub(super) struct Q3K;
 
+/// Half `h` of a Q3_K block (columns `128h..128h+128`) as signed codes `q − 4`, quarter by quarter:
+/// `[j] = (columns 32j..32j+16, 32j+16..32j+32)` of the half. Bit `4h + j` of `hmask[l]` is the high bit
+/// of column `128h + 32j + l`; `q − 4 = low2 − (4 where the high bit is clear)`. Shared by the row kernel
+/// and the GEMM's panel decoder.
+///
+/// # Safety
+/// `x` must be readable for a whole Q3_K block (110 bytes), `h < 2`.
+#[inline(always)]
+pub(super) unsafe fn q3k_half(x: *const u8, h: usize) -> [(int8x16_t, int8x16_t); 4] {
+    let three = vdupq_n_u8(3);
+    let four = vdupq_n_u8(4);
+    let (mut hm0, mut hm1) = (vld1q_u8(x), vld1q_u8(x.add(16)));
+    if h == 1 {
+        hm0 = vshrq_n_u8::<4>(hm0);
+        hm1 = vshrq_n_u8::<4>(hm1);
+    }
+    let mut q0 = vld1q_u8(x.add(32 + 32 * h));
+    let mut q1 = vld1q_u8(x.add(32 + 32 * h + 16));
+    core::array::from_fn(|_| {
+        let c0 = vbicq_u8(four, vshlq_n_u8::<2>(hm0));
+        let c1 = vbicq_u8(four, vshlq_n_u8::<2>(hm1));
+        let v0 = vsubq_s8(
+            vreinterpretq_s8_u8(vandq_u8(q0, three)),
+            vreinterpretq_s8_u8(c0),
+        );
+        let v1 = vsubq_s8(
+            vreinterpretq_s8_u8(vandq_u8(q1, three)),
+            vreinterpretq_s8_u8(c1),
+        );
+        q0 = vshrq_n_u8::<2>(q0);
+        q1 = vshrq_n_u8::<2>(q1);
+        hm0 = vshrq_n_u8::<1>(hm0);
+        hm1 = vshrq_n_u8::<1>(hm1);
+        (v0, v1)
+    })
+}
+
 impl Block for Q3K {
     const W: usize = 110;
     const A: usize = Q8K_BYTES;
@@ -143,35 +180,13 @@ impl Block for Q3K {
     #[inline(always)]
     unsafe fn dot<D: Dot>(acc: &mut Acc, x: *const u8, y: *const u8) {
         let scales = q3_scales(x.add(96));
-        let three = vdupq_n_u8(3);
-        let four = vdupq_n_u8(4);
-        // Bit 4h+j of hmask[l] is the high bit of element 128h + 32j + l; shifted down as we go.
-        let mut hm0 = vld1q_u8(x);
-        let mut hm1 = vld1q_u8(x.add(16));
         let mut isum = vdupq_n_s32(0);
         for h in 0..2 {
-            let mut q0 = vld1q_u8(x.add(32 + 32 * h));
-            let mut q1 = vld1q_u8(x.add(32 + 32 * h + 16));
-            for j in 0..4 {
+            for (j, (v0, v1)) in q3k_half(x, h).into_iter().enumerate() {
                 let k = 8 * h + 2 * j;
                 let yj = y.add(Q8K_QS + 128 * h + 32 * j);
-                // q − 4 = low2 − (4 where the high bit is clear).
-                let c0 = vbicq_u8(four, vshlq_n_u8::<2>(hm0));
-                let c1 = vbicq_u8(four, vshlq_n_u8::<2>(hm1));
-                let v0 = vsubq_s8(
-                    vreinterpretq_s8_u8(vandq_u8(q0, three)),
-                    vreinterpretq_s8_u8(c0),
-                );
-                let v1 = vsubq_s8(
-                    vreinterpretq_s8_u8(vandq_u8(q1, three)),
-                    vreinterpretq_s8_u8(c1),
-                );
                 isum = sub16s::<D>(isum, v0, yj, scales[k] as i32);
                 isum = sub16s::<D>(isum, v1, yj.add(16), scales[k + 1] as i32);
-                q0 = vshrq_n_u8::<2>(q0);
-                q1 = vshrq_n_u8::<2>(q1);
-                hm0 = vshrq_n_u8::<1>(hm0);
-                hm1 = vshrq_n_u8::<1>(hm1);
             }
         }
         let d = h2f(ld_u16(x.add(108))) * ld_f32(y);
