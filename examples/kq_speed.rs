@@ -4,6 +4,11 @@
 //! - `hot`: one 4096×4096 matrix, multiplied repeatedly (weights in cache as far as they fit).
 //! - `cold`: copies of the matrix totalling ≥ 512 MiB, used in turn (weights from memory).
 //! - `bw`: summing a 1 GiB buffer (the single-core read bandwidth reference).
+//! - `ratio`: the acceptance measurement. Copies of the matrix totalling 2 GiB (over 4× this host's
+//!   480 MiB L3), each followed in memory by a same-sized buffer; per round, each copy's matrix-vector
+//!   product alternates with a sum over its buffer, so both see the same host conditions at millisecond
+//!   granularity; prints the medians over rounds of both GB/s figures and of their ratio. `ROWS=n`
+//!   shrinks the matrix (e.g. 512 rows keep `hot` in L2: the kernel's compute-bound speed).
 //!
 //! Prints the median and best GB/s over `reps` timed calls (the best is the better estimate on a loaded
 //! machine). Small enough to run under `valgrind --tool=callgrind` for instruction counts per block.
@@ -28,6 +33,18 @@ fn report(what: &str, bytes: f64, wall: &[f64]) {
         median(w),
         best
     );
+}
+
+fn sum_pass(buf: &[u64]) -> f64 {
+    let s = Instant::now();
+    let mut acc = [0u64; 8];
+    for c in buf.chunks_exact(8) {
+        for l in 0..8 {
+            acc[l] = acc[l].wrapping_add(c[l]);
+        }
+    }
+    std::hint::black_box(acc);
+    s.elapsed().as_secs_f64()
 }
 
 fn main() {
@@ -55,7 +72,9 @@ fn main() {
     }
     let k = kernels::by_isa(isa).expect("isa not available");
     let rb = ty.row_bytes(N as u64).unwrap() as usize;
-    let mut w = vec![0u8; rb * N];
+    // ROWS=n: fewer rows (e.g. 512, to keep the matrix in L2 for `hot`).
+    let rows: usize = std::env::var("ROWS").map_or(N, |v| v.parse().unwrap());
+    let mut w = vec![0u8; rb * rows];
     let mut s = 1u64;
     let mut rnd = || {
         s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
@@ -70,16 +89,80 @@ fn main() {
     let act = ty.vec_dot_type();
     let mut a = vec![0u8; act.row_bytes(N as u64).unwrap() as usize];
     (k.quantize_act)(act, &x, &mut a);
-    let copies = if mode == "cold" {
+    let copies = if mode == "ratio" {
+        // Above this host's 480 MiB L3 several times over.
+        (2048usize << 20).div_ceil(w.len())
+    } else if mode == "cold" {
         (512usize << 20).div_ceil(w.len())
     } else {
         1
     };
-    let mats: Vec<Vec<u8>> = (0..copies).map(|_| w.clone()).collect();
-    let mut out = vec![0f32; N];
+    // Ratio mode: one anonymous mapping holding [copy 0 | sum chunk 0 | copy 1 | sum chunk 1 | ...], so
+    // the matrix and the bandwidth reference sit in the same kind of memory, advised for transparent
+    // huge pages as the model's weights are (HUGE=0 leaves 4 KiB pages: on a VM both then run up to 2×
+    // slower from TLB misses).
+    let huge = std::env::var("HUGE").map_or(true, |v| v != "0");
+    let l = w.len();
+    let mut region =
+        memmap2::MmapMut::map_anon(if mode == "ratio" { 2 * l * copies } else { 1 }).unwrap();
+    if huge {
+        region.advise(memmap2::Advice::HugePage).unwrap();
+    }
+    if mode == "ratio" {
+        for (i, c) in region.chunks_exact_mut(l).enumerate() {
+            if i % 2 == 0 {
+                c.copy_from_slice(&w);
+            } else {
+                c.fill(i as u8);
+            }
+        }
+    }
+    let owned: Vec<Vec<u8>> = if mode == "ratio" {
+        Vec::new()
+    } else {
+        (0..copies).map(|_| w.clone()).collect()
+    };
+    let mats: Vec<&[u8]> = if mode == "ratio" {
+        region.chunks_exact(l).step_by(2).collect()
+    } else {
+        owned.iter().map(|v| v.as_slice()).collect()
+    };
+    let mut out = vec![0f32; rows];
+    if mode == "ratio" {
+        let chunks: Vec<&[u64]> = region
+            .chunks_exact(l)
+            .skip(1)
+            .step_by(2)
+            .map(bytemuck::cast_slice)
+            .collect();
+        let (mut bw, mut mv, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps.min(30) {
+            let (mut tb, mut tm) = (0.0, 0.0);
+            for (i, m) in mats.iter().enumerate() {
+                tb += sum_pass(chunks[i]);
+                let s = Instant::now();
+                (k.quant_rows)(ty, m, &a, 1, &mut out);
+                tm += s.elapsed().as_secs_f64();
+            }
+            let bytes = (w.len() * copies) as f64;
+            bw.push(bytes / tb / 1e9);
+            mv.push(bytes / tm / 1e9);
+            ratio.push(tb / tm);
+        }
+        std::hint::black_box(&out);
+        println!(
+            "{} {} ratio: matvec median {:.2} GB/s, bw median {:.2} GB/s, ratio median {:.3}",
+            ty.name(),
+            isa.name(),
+            median(mv),
+            median(bw),
+            median(ratio)
+        );
+        return;
+    }
     let mut t = Vec::new();
     for i in 0..reps + copies.min(8) {
-        let m = &mats[i % copies];
+        let m = mats[i % copies];
         let s = Instant::now();
         (k.quant_rows)(ty, m, &a, 1, &mut out);
         let dt = s.elapsed().as_secs_f64();

@@ -68,6 +68,18 @@ run_deltaq() { # file threads p n
     run_tool deltaq "$out/deltaq.log" "$deltaq" bench -m "$1" -t "$2" -p "$3" -n "$4" -r "$reps" --json "${deltaq_args[@]}"
 }
 
+# Both tools map the file. How its page cache was filled decides the page size of those mappings: read
+# sequentially, ext4 on a recent kernel caches it in 2 MiB folios that map with one TLB entry each;
+# faulted in at random (an mmap run without huge-page advice), in small ones, and decoding is then up to
+# 40% slower for either tool. So each file is dropped from the cache and read once, sequentially, before
+# the runs (SETTLE=0 skips this).
+if [[ ${SETTLE:-1} == 1 ]]; then
+    for f in "$@"; do
+        dd if="$f" iflag=nocache count=0 status=none 2> /dev/null || true
+        cat "$f" > /dev/null
+    done
+fi
+
 k=0
 for ((round = 0; round < rounds; round++)); do
     for f in "$@"; do

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use deltaq::bench::{
-    cpu_name, peak_rss, read_bandwidth, run_test, weight_sizes, TestKind, TestResult, TestSetup,
-    WeightSizes,
+    cpu_name, huge_page_share, peak_rss, read_bandwidth, run_test, weight_sizes, TestKind,
+    TestResult, TestSetup, WeightSizes,
 };
 use deltaq::gguf::GgufFile;
 use deltaq::kernels::kernels;
@@ -49,8 +49,9 @@ pub struct Args {
     /// One JSON object per line and test, with llama-bench's field names plus deltaq's own
     #[arg(long)]
     json: bool,
-    /// Size of the buffer of the read-bandwidth test, in MiB
-    #[arg(long, default_value_t = 512, value_name = "MIB")]
+    /// Size of the buffer of the read-bandwidth test, in MiB (the default is several times the L3 of
+    /// server CPUs, which reach 480 MiB)
+    #[arg(long, default_value_t = 2048, value_name = "MIB")]
     bw_mib: usize,
     /// Seed of the random token ids
     #[arg(long, default_value_t = 1)]
@@ -168,6 +169,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
 struct FileInfo {
     filename: String,
     model_type: String,
+    /// Share of the mapped weights held in 2 MiB pages after the tests.
+    huge_share: Option<f64>,
 }
 
 impl FileInfo {
@@ -181,6 +184,7 @@ impl FileInfo {
         FileInfo {
             filename: path.display().to_string(),
             model_type: format!("{arch} {} {ftype}", params_label(s.n_params)),
+            huge_share: huge_page_share(f.bytes().as_ptr() as usize),
         }
     }
 }
@@ -252,6 +256,7 @@ fn json_line(
         "weight_gbps": wbw.map(|b| b / 1e9),
         "read_bw_gbps": bw / 1e9,
         "bw_pct": wbw.map(|b| 100.0 * b / bw.max(1.0)),
+        "weights_huge_page_share": info.huge_share,
     });
     v.to_string()
 }
@@ -325,6 +330,18 @@ fn print_table(
         sizes.bytes_per_token as f64 / 1e6,
         sizes.file_tensor_bytes as f64 / 1e6
     );
+    if let Some(h) = info.huge_share {
+        println!(
+            "weights mapped in 2 MiB pages: {:.0} %{}",
+            100.0 * h,
+            if h < 0.5 {
+                " (the file was cached in small pages before this run; decoding is faster once it is \
+                 read again into huge pages: see the README)"
+            } else {
+                ""
+            }
+        );
+    }
     // State of the longest test: KV cache per token and the fixed recurrent state.
     if let Some(row) = rows.iter().max_by_key(|r| r.r.kind.n_tokens()) {
         let n = row.r.kind.n_tokens();
