@@ -1,14 +1,17 @@
 //! Kernel throughput per weight type and instruction-set path (every table `kernels::available()` gives).
 //!
 //! - `matvec/<type>/<isa>/<threads>t`: a 4096×4096 matrix times one activation row, in GB/s of weight
-//!   bytes (criterion's `bytes/s`). Several copies of the matrix (≥ 256 MiB in all) are used in turn so
-//!   the weights come from memory, not cache, as in decoding.
+//!   bytes (criterion's `bytes/s`). Copies of the matrix (≥ 2 GiB in all, over 4× the 480 MiB L3 of the
+//!   largest server CPUs) are used in turn so the weights come from memory, not cache, as in decoding.
+//!   They sit in one anonymous mapping advised for transparent huge pages, as the model's weights are
+//!   (`GgufFile::open`): with 4 KiB pages TLB misses slow both this and `membw` by up to 2× on a VM.
 //! - `matvec-hot/<type>/<isa>/1t`: the same with a single copy, multiplied again and again (the weights
 //!   stay in L2/L3 as far as they fit): the kernel's own speed, without the memory limit.
 //! - `gemm/<type>/<isa>/<threads>t`: the same matrix times 512 activation rows (32 for the scalar path),
 //!   reported as multiply-adds × 2 per second (criterion's `elem/s` = FLOP/s-equivalent);
 //!   `<isa>-panel` is the same table's prefill GEMM (`Kernels::quant_gemm`) where it has one.
-//! - `membw/<threads>t`: reading a 1 GiB buffer (sum of u64), the bandwidth the matvec figures compare to.
+//! - `membw/<threads>t`: reading a 2 GiB buffer (sum of u64; huge pages too), the bandwidth the matvec
+//!   figures compare to.
 //!
 //! Activation quantization is done once outside the timed loop. Select with criterion filters, e.g.
 //! `cargo bench --bench kernels -- 'matvec/Q4_K'`; `DELTAQ_BENCH_TYPES=Q4_K,Q8_0` limits the types.
@@ -156,8 +159,12 @@ fn thread_counts() -> Vec<usize> {
 fn matvec(c: &mut Criterion) {
     for ty in types() {
         let one = matrix(ty);
-        let copies = (256usize << 20).div_ceil(one.len()).max(2);
-        let mats: Vec<Vec<u8>> = (0..copies).map(|_| one.clone()).collect();
+        let copies = (2048usize << 20).div_ceil(one.len()).max(2);
+        let mut region = huge_region(one.len() * copies);
+        for c in region.chunks_exact_mut(one.len()) {
+            c.copy_from_slice(&one);
+        }
+        let mats: Vec<&[u8]> = region.chunks_exact(one.len()).collect();
         let mut g = c.benchmark_group(format!("matvec/{}", ty.name()));
         g.throughput(Throughput::Bytes(one.len() as u64));
         for k in kernels::available() {
@@ -169,7 +176,7 @@ fn matvec(c: &mut Criterion) {
                 g.bench_function(BenchmarkId::new(k.isa.name(), format!("{threads}t")), |b| {
                     b.iter(|| {
                         i = (i + 1) % copies;
-                        p.install(|| run(k, ty, &mats[i], &q, &f, 1, &mut out));
+                        p.install(|| run(k, ty, mats[i], &q, &f, 1, &mut out));
                         black_box(&out);
                     })
                 });
@@ -233,8 +240,21 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
+/// An anonymous mapping of `bytes`, advised for transparent huge pages (Linux).
+fn huge_region(bytes: usize) -> memmap2::MmapMut {
+    let map = memmap2::MmapMut::map_anon(bytes).expect("anonymous mapping");
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    map
+}
+
 fn membw(c: &mut Criterion) {
-    let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect(); // 1 GiB
+    let mut region = huge_region(2usize << 30);
+    let buf: &mut [u64] = bytemuck::cast_slice_mut(&mut region[..]);
+    for (i, w) in buf.iter_mut().enumerate() {
+        *w = i as u64; // real pages, not the shared zero page
+    }
+    let buf: &[u64] = buf;
     let mut g = c.benchmark_group("membw");
     g.sample_size(10);
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));

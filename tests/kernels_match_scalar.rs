@@ -878,6 +878,10 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 (16, 8, 2, Fill::Zero),
                 (18, 11, 2, Fill::Ones),
                 (18, 11, 2, Fill::High),
+                // One token: the 4-row decode kernels (on AVX-512 their 512-bit forms) against the GEMM.
+                (37, 1, 3, Fill::Random),
+                (8, 1, 2, Fill::High),
+                (12, 1, 1, Fill::Ones),
             ];
             for (rows, n_tok, blocks, fill) in cases {
                 let n = blocks * bs;

@@ -34,6 +34,7 @@ pub fn detected() -> bool {
 pub(crate) struct Avx512;
 
 impl Simd for Avx512 {
+    const WIDE: bool = true;
     #[inline(always)]
     unsafe fn dot_u8i8(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, a, b)

@@ -29,16 +29,6 @@ pub(super) struct Pre {
     pub(super) corr: __m256i,
 }
 
-/// Which 4-rows × 1-token kernel a format uses for decode (other tile shapes use [`k_tile`]).
-#[derive(PartialEq, Eq)]
-pub(super) enum Decode {
-    /// 8 scales + 8 mins in 12 bytes after `d`, `dmin` (Q4_K, Q5_K): [`decode4_sm8`].
-    ScaleMin8,
-    /// 16 scales of 16 elements (Q2_K, Q3_K, Q6_K): [`decode4_s16`]; `d` (and `dmin`) are the halves
-    /// of the u32 at `DD_AT`.
-    Scales16,
-}
-
 pub(super) trait KFormat {
     const WB: usize;
     /// Formats with mins (`dmin`); otherwise `corr·bsums` is shifted left by `SHIFT` and subtracted from
@@ -47,8 +37,6 @@ pub(super) trait KFormat {
     const SHIFT: i32;
     /// 16 scales of 16 elements (else 8 of 32).
     const SCALES16: bool;
-    /// The dedicated 4-row decode kernel this format uses, if any.
-    const DECODE: Decode;
     /// Bits per code (codes are `0..2^CODE_BITS`).
     const CODE_BITS: u32;
     /// Offset of a u32 inside the block holding `d` as its low (`D_HI == 0`) or high half; for formats
@@ -183,7 +171,6 @@ unsafe fn crumb_chunk(qs: *const u8, c: usize) -> __m256i {
 pub(crate) struct Q4K;
 impl KFormat for Q4K {
     const CODE_BITS: u32 = 4;
-    const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 144;
     const MINS: bool = true;
     const SHIFT: i32 = 0;
@@ -201,7 +188,6 @@ impl KFormat for Q4K {
 pub(crate) struct Q5K;
 impl KFormat for Q5K {
     const CODE_BITS: u32 = 5;
-    const DECODE: Decode = Decode::ScaleMin8;
     const WB: usize = 176;
     const MINS: bool = true;
     const SHIFT: i32 = 0;
@@ -220,7 +206,6 @@ impl KFormat for Q5K {
 pub(crate) struct Q2K;
 impl KFormat for Q2K {
     const CODE_BITS: u32 = 2;
-    const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 80;
     const D_HI: i32 = 0;
     const WB: usize = 84;
@@ -250,7 +235,6 @@ impl KFormat for Q2K {
 pub(crate) struct Q3K;
 impl KFormat for Q3K {
     const CODE_BITS: u32 = 3;
-    const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 106;
     const D_HI: i32 = 1;
     const WB: usize = 110;
@@ -288,7 +272,6 @@ impl KFormat for Q3K {
 pub(crate) struct Q6K;
 impl KFormat for Q6K {
     const CODE_BITS: u32 = 6;
-    const DECODE: Decode = Decode::Scales16;
     const DD_AT: usize = 206;
     const D_HI: i32 = 1;
     const WB: usize = 210;
@@ -326,8 +309,10 @@ impl KFormat for Q6K {
     }
 }
 
+/// `QuantTile` for each format: decode (4 rows × 1 token) through its dedicated kernel, the other tile
+/// shapes through [`k_tile`].
 macro_rules! ktile {
-    ($($t:ident),*) => {$(
+    ($($t:ident => $decode4:ident),*) => {$(
         impl QuantTile for $t {
             const WB: usize = <$t as KFormat>::WB;
             const AB: usize = AB;
@@ -337,12 +322,8 @@ macro_rules! ktile {
                 a: [*const u8; T],
                 nb: usize,
             ) -> [[f32; T]; R] {
-                if R == 4 && T == 1 && <$t as KFormat>::DECODE == Decode::ScaleMin8 {
-                    let r = decode4_sm8::<S, $t>(core::array::from_fn(|i| w[i]), a[0], nb);
-                    return core::array::from_fn(|i| [r[i]; T]);
-                }
-                if R == 4 && T == 1 && <$t as KFormat>::DECODE == Decode::Scales16 {
-                    let r = decode4_s16::<S, $t>(core::array::from_fn(|i| w[i]), a[0], nb);
+                if R == 4 && T == 1 {
+                    let r = $decode4::<S, $t>(core::array::from_fn(|i| w[i]), a[0], nb);
                     return core::array::from_fn(|i| [r[i]; T]);
                 }
                 k_tile::<S, $t, R, T>(w, a, nb)
@@ -350,7 +331,13 @@ macro_rules! ktile {
         }
     )*};
 }
-ktile!(Q2K, Q3K, Q4K, Q5K, Q6K);
+ktile!(
+    Q2K => decode4_s16,
+    Q3K => decode4_s16,
+    Q4K => decode4_sm8,
+    Q5K => decode4_sm8,
+    Q6K => decode4_s16
+);
 
 #[inline(always)]
 unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
@@ -681,6 +668,59 @@ unsafe fn s16_chunk<S: Simd, K: KFormat, const C: usize>(
     )
 }
 
+/// How a 16-scale format's decode kernel ([`decode4_s16`]) sums one row's block.
+pub(super) trait S16Row: KFormat + Sized {
+    /// The row's `Σ scale·q·y` with the offset correction (Q3_K/Q6_K: `−offset·Σ scale·bsum`) as the
+    /// lanes of a vector, and (Q2_K) its mins term `Σ min·bsum` kept apart; `bs` holds the activation
+    /// block's 16 block sums. Q6_K has a 512-bit form (`kquants512`).
+    ///
+    /// # Safety
+    /// `p` must point to a readable block and `ab` to a Q8_K block; the CPU must have the features of
+    /// `S`.
+    #[inline(always)]
+    unsafe fn row_sum<S: Simd>(p: *const u8, ab: *const u8, bs: __m256i) -> (__m256i, __m256i) {
+        s16_row_sum::<S, Self>(p, ab, bs)
+    }
+}
+
+impl S16Row for Q2K {}
+impl S16Row for Q3K {}
+
+/// [`S16Row::row_sum`] on 256-bit vectors: the row's scale vectors made once, then 8 chunks.
+#[inline(always)]
+pub(super) unsafe fn s16_row_sum<S: Simd, K: KFormat>(
+    p: *const u8,
+    ab: *const u8,
+    bs: __m256i,
+) -> (__m256i, __m256i) {
+    let zero = _mm256_setzero_si256();
+    let pre = K::prepare(p);
+    let corr = _mm256_madd_epi16(bs, pre.corr);
+    let (mut v, mins) = if K::MINS {
+        (zero, corr)
+    } else {
+        (offset_start::<K>(corr), zero)
+    };
+    v = s16_chunk::<S, K, 0>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 1>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 2>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 3>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 4>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 5>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 6>(v, p, ab, &pre);
+    v = s16_chunk::<S, K, 7>(v, p, ab, &pre);
+    (v, mins)
+}
+
+/// `−corr << SHIFT`: where the row sum of a format whose codes carry an offset starts.
+#[inline(always)]
+pub(super) unsafe fn offset_start<K: KFormat>(corr: __m256i) -> __m256i {
+    _mm256_sub_epi32(
+        _mm256_setzero_si256(),
+        _mm256_sll_epi32(corr, _mm_cvtsi32_si128(K::SHIFT)),
+    )
+}
+
 /// One token × four Q2_K/Q3_K/Q6_K rows. Per block: the four `d` (and `dmin`) are converted together;
 /// each row's scale vectors are made once and its offset correction (`offset·Σ scale·bsum`, Q3_K/Q6_K)
 /// starts its integer sum, or its mins term (Q2_K) is kept as integers; the four rows' sums are added
@@ -690,7 +730,7 @@ unsafe fn s16_chunk<S: Simd, K: KFormat, const C: usize>(
 /// As [`decode4_sm8`]; the u32 read at `K::DD_AT` ends at or before the block's end (Q6_K: bytes
 /// 206..210 of 210, Q3_K: 106..110 of 110, Q2_K: 80..84 of 84).
 #[inline(always)]
-unsafe fn decode4_s16<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
+unsafe fn decode4_s16<S: Simd, K: S16Row>(w: [*const u8; 4], a: *const u8, nb: usize) -> [f32; 4] {
     let zero = _mm256_setzero_si256();
     let mut acc = _mm_setzero_ps();
     let dh = K::D_HI;
@@ -710,23 +750,7 @@ unsafe fn decode4_s16<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: 
         let mut isum = [zero; 4];
         let mut mins = [zero; 4];
         for r in 0..4 {
-            let pre = K::prepare(p[r]);
-            let corr = _mm256_madd_epi16(bs, pre.corr);
-            let mut v = if K::MINS {
-                mins[r] = corr;
-                zero
-            } else {
-                _mm256_sub_epi32(zero, _mm256_sll_epi32(corr, _mm_cvtsi32_si128(K::SHIFT)))
-            };
-            v = s16_chunk::<S, K, 0>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 1>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 2>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 3>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 4>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 5>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 6>(v, p[r], ab, &pre);
-            v = s16_chunk::<S, K, 7>(v, p[r], ab, &pre);
-            isum[r] = v;
+            (isum[r], mins[r]) = K::row_sum::<S>(p[r], ab, bs);
         }
         let dv = _mm256_castps256_ps128(_mm256_permutevar8x32_ps(f, d_idx));
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(fold4(isum)), dv, acc);

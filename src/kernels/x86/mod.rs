@@ -20,6 +20,7 @@ mod float;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
+mod kquants512;
 mod legacy;
 pub(crate) mod ops;
 mod quantize;
@@ -33,6 +34,8 @@ pub(crate) trait Simd {
     /// `acc + madd(maddubs(a, b), s)`: u8 × i8 pair sums (must fit i16) times the i16 lanes of `s`,
     /// pairs summed into each i32 lane.
     unsafe fn dot_u8i8_s16(acc: __m256i, a: __m256i, b: __m256i, s: __m256i) -> __m256i;
+    /// 512-bit vectors available: the decode kernels that have a 512-bit form use it.
+    const WIDE: bool = false;
 }
 
 #[inline(always)]
