@@ -4,7 +4,8 @@
 //! * A **pp** test processes an `n_prompt`-token prompt of random token ids from an empty state, in one
 //!   call (logits of the last position only); a **tg** test feeds `n_gen` random tokens one at a time
 //!   from an empty state, each with its logits. A test is repeated `reps` times after a warm-up run
-//!   (the whole prompt, or one generated token); the state is cleared outside the timed part.
+//!   (the whole prompt, or one generated token) on one session, cleared ([`Session::clear`]) outside
+//!   the timed part, which keeps its buffers as llama-bench keeps its context's.
 //! * Speed per repetition is tokens / seconds; the mean and the sample standard deviation are
 //!   llama-bench's `avg_ts` and `stddev_ts`, and the median is ours.
 //! * The bytes of weights read per decoded token are every tensor of the trunk, except that only one
@@ -163,8 +164,11 @@ pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<Test
     }
     let n_vocab = model.n_vocab();
     let mut rng = TokenRng(seed);
+    // One session per test, cleared between runs (as llama-bench clears its context's memory): its
+    // buffers are allocated by the first run, not inside every timed one.
+    let mut s = Session::with_kv_type(model, Some(n_ctx), kv_type);
     let mut one = |timed: bool| -> Result<(u64, usize, usize)> {
-        let mut s = Session::with_kv_type(model, Some(n_ctx), kv_type);
+        s.clear();
         let prompt: Vec<u32> = match kind {
             TestKind::Prompt(n) => (0..n).map(|_| rng.next(n_vocab)).collect(),
             TestKind::Gen(_) => Vec::new(),

@@ -106,15 +106,16 @@ impl<T: KvElem> KvPaged<T> {
             let at = self.len % KV_PAGE;
             let p0 = self.len - at;
             let page_rows = self.page_rows(p0);
-            if at == 0 {
+            let ip = p0 / KV_PAGE;
+            if at == 0 && ip == self.k.len() {
                 self.k.push(Vec::with_capacity(page_rows * row));
                 self.v.push(Vec::with_capacity(page_rows * row));
             }
             let take = (page_rows - at).min(n - done);
             let src = done * row..(done + take) * row;
             for (page, src) in [
-                (self.k.last_mut(), &k[src.clone()]),
-                (self.v.last_mut(), &v[src]),
+                (self.k.get_mut(ip), &k[src.clone()]),
+                (self.v.get_mut(ip), &v[src]),
             ] {
                 let page = page.expect("a page was just ensured");
                 // A snapshot (clone) holds its last page trimmed to the rows in use: give it back its
@@ -125,6 +126,15 @@ impl<T: KvElem> KvPaged<T> {
             self.len += take;
             done += take;
         }
+    }
+
+    /// Forgets every position and keeps the pages (emptied) for the positions to come: a cleared
+    /// cache refills without allocating, as llama.cpp's preallocated one does.
+    fn clear(&mut self) {
+        for page in self.k.iter_mut().chain(&mut self.v) {
+            page.clear();
+        }
+        self.len = 0;
     }
 
     /// Bytes allocated for K and V.
@@ -192,6 +202,14 @@ impl KvCache {
         match self {
             KvCache::F16(c) => c.push(k, v),
             KvCache::F32(c) => c.push(k, v),
+        }
+    }
+
+    /// Empties the cache, keeping its pages allocated.
+    pub(crate) fn clear(&mut self) {
+        match self {
+            KvCache::F16(c) => c.clear(),
+            KvCache::F32(c) => c.clear(),
         }
     }
 }

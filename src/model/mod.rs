@@ -124,6 +124,22 @@ impl<'m> Session<'m> {
         }
     }
 
+    /// Back to an empty sequence, keeping what was allocated (KV cache pages, activation buffers), as
+    /// llama.cpp's `llama_memory_clear` does: the next prompt runs without allocating or faulting in
+    /// fresh pages.
+    pub fn clear(&mut self) {
+        self.pos = 0;
+        for l in &mut self.layers {
+            match l {
+                LayerState::Attention(c) => c.clear(),
+                LayerState::DeltaNet(d) => {
+                    d.conv.fill(0.0);
+                    d.s.fill(0.0);
+                }
+            }
+        }
+    }
+
     /// Tokens processed so far.
     pub fn pos(&self) -> usize {
         self.pos
