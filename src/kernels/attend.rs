@@ -132,7 +132,25 @@ pub fn attend_ref<T: KvElem>(
     out: &mut [f32],
 ) {
     check(q, &kv, n_ctx, out);
-    body(q, kv, n_ctx, scale, out, dot_ref, axpy_ref)
+    body(q, kv, n_ctx, scale, out, dot_ref, |y, w, v, stride| {
+        each_row(y, w, v, stride, axpy_ref)
+    })
+}
+
+/// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`, row by row through `axpy`: the
+/// block form of an `axpy`, for the tables that have no register-blocked one.
+#[inline(always)]
+pub(crate) fn each_row<T>(
+    y: &mut [f32],
+    w: &[f32],
+    v: &[T],
+    stride: usize,
+    axpy: impl Fn(&mut [f32], f32, &[T]),
+) {
+    let hd = y.len();
+    for (i, &w) in w.iter().enumerate() {
+        axpy(y, w, &v[i * stride..][..hd]);
+    }
 }
 
 /// Shape checks shared by every entry (before any SIMD code runs).
@@ -164,13 +182,14 @@ pub(crate) fn body<T: Copy>(
     scale: f32,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[T]) -> f32,
-    axpy: impl Fn(&mut [f32], f32, &[T]),
+    axpy_rows: impl Fn(&mut [f32], &[f32], &[T], usize),
 ) {
     let hd = q.len();
     let (stride, off) = (kv.stride, kv.offset);
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f64);
     let mut s = [0f32; BLOCK];
+    let mut w = [0f32; BLOCK];
     for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
         let p0 = p * kv.page_rows;
         if p0 >= n_ctx {
@@ -191,11 +210,15 @@ pub(crate) fn body<T: Copy>(
                 sum *= c as f64;
                 max = block_max;
             }
-            for (i, s) in s.iter().enumerate() {
-                let w = (s - max).exp();
-                sum += w as f64;
-                axpy(out, w, &vp[(b0 + i) * stride + off..][..hd]);
+            // The block's weights first, then all its value rows in one pass over `out` (each
+            // element still takes the rows in order: the same sums as one row at a time).
+            let w = &mut w[..s.len()];
+            for (w, s) in w.iter_mut().zip(s.iter()) {
+                *w = (s - max).exp();
+                sum += *w as f64;
             }
+            let rows_v = &vp[b0 * stride + off..][..(w.len() - 1) * stride + hd];
+            axpy_rows(out, w, rows_v, stride);
         }
     }
     let inv = (1.0 / sum) as f32;

@@ -77,7 +77,9 @@ pub(super) fn entry<T: Row>(
         // SAFETY: NEON is part of the aarch64 baseline; `dot` and `axpy` only load and store inside
         // 8-element chunks of the slices they are given.
         |a, b| unsafe { dot(a, b) },
-        // SAFETY: as above.
-        |y, w, x| unsafe { axpy(y, w, x) },
+        |y, w, v, stride| {
+            // SAFETY: as above.
+            attend::each_row(y, w, v, stride, |y, w, x| unsafe { axpy(y, w, x) })
+        },
     )
 }

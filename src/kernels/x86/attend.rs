@@ -28,34 +28,90 @@ impl Row for f16 {
     }
 }
 
-/// `a · b` over the first multiple of 8 elements, four accumulators.
+/// `a · b` over the first multiple of 8 elements, four accumulators (chunk `i` of 8 into accumulator
+/// `i % 4`), 32 elements per step so the accumulators stay in registers.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available (inlined into the `#[target_feature]` function below).
 #[inline(always)]
 unsafe fn dot<T: Row>(a: &[f32], b: &[T]) -> f32 {
-    let mut acc = [_mm256_setzero_ps(); 4];
-    for (i, (a, b)) in a.chunks_exact(8).zip(b.chunks_exact(8)).enumerate() {
-        // The chunks are 8 elements: the loads stay inside them.
-        let (x, y) = (_mm256_loadu_ps(a.as_ptr()), T::load8(b.as_ptr()));
-        acc[i % 4] = _mm256_fmadd_ps(x, y, acc[i % 4]);
+    let n = a.len().min(b.len()) / 8 * 8;
+    let (a, b) = (&a[..n], &b[..n]);
+    let (ap, bp) = (a.as_ptr(), b.as_ptr());
+    let [mut s0, mut s1, mut s2, mut s3] = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    // Loads at `i..i + 32` (then `i..i + 8`) stay inside the first `n` elements of both slices.
+    while i + 32 <= n {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), T::load8(bp.add(i)), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i + 8)), T::load8(bp.add(i + 8)), s1);
+        s2 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(ap.add(i + 16)),
+            T::load8(bp.add(i + 16)),
+            s2,
+        );
+        s3 = _mm256_fmadd_ps(
+            _mm256_loadu_ps(ap.add(i + 24)),
+            T::load8(bp.add(i + 24)),
+            s3,
+        );
+        i += 32;
+    }
+    let mut rest = [s0, s1, s2, s3];
+    let mut k = 0;
+    while i < n {
+        rest[k] = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), T::load8(bp.add(i)), rest[k]);
+        i += 8;
+        k += 1;
     }
     hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(acc[0], acc[2]),
-        _mm256_add_ps(acc[1], acc[3]),
+        _mm256_add_ps(rest[0], rest[2]),
+        _mm256_add_ps(rest[1], rest[3]),
     ))
 }
 
-/// `y ← y + a·x` over the first multiple of 8 elements.
+/// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`: 64 elements of `y` at a time
+/// stay in 8 registers while every row is applied to them, in row order, by one FMA each (so the sums
+/// are bit-identical to a pass over `y` per row, which cost a load and a store of `y` per row).
 ///
 /// # Safety
-/// As [`dot`].
+/// As [`dot`]; `y.len()` must be a multiple of 8.
 #[inline(always)]
-unsafe fn axpy<T: Row>(y: &mut [f32], a: f32, x: &[T]) {
-    let a = _mm256_set1_ps(a);
-    for (y, x) in y.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-        let r = _mm256_fmadd_ps(a, T::load8(x.as_ptr()), _mm256_loadu_ps(y.as_ptr()));
-        _mm256_storeu_ps(y.as_mut_ptr(), r);
+unsafe fn axpy_rows<T: Row>(y: &mut [f32], w: &[f32], v: &[T], stride: usize) {
+    let hd = y.len();
+    if w.is_empty() {
+        return;
+    }
+    assert!(
+        hd.is_multiple_of(8) && v.len() >= (w.len() - 1) * stride + hd,
+        "axpy_rows: rows outside v"
+    );
+    let (yp, vp) = (y.as_mut_ptr(), v.as_ptr());
+    // Every access below is at `c + 8k..+8` < hd of `y`, or of row i < w.len() of `v` (checked above).
+    let mut c = 0;
+    while c + 64 <= hd {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(yp.add(c + 8 * k));
+        }
+        for (i, &wi) in w.iter().enumerate() {
+            let a = _mm256_set1_ps(wi);
+            let row = vp.add(i * stride + c);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(a, T::load8(row.add(8 * k)), *acc);
+            }
+        }
+        for (k, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(yp.add(c + 8 * k), *a);
+        }
+        c += 64;
+    }
+    while c < hd {
+        let mut acc = _mm256_loadu_ps(yp.add(c));
+        for (i, &wi) in w.iter().enumerate() {
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(wi), T::load8(vp.add(i * stride + c)), acc);
+        }
+        _mm256_storeu_ps(yp.add(c), acc);
+        c += 8;
     }
 }
 
@@ -70,8 +126,9 @@ unsafe fn run<T: Row>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, o
         // SAFETY: this closure is compiled with this function's features (AVX2, FMA, F16C), which the
         // caller guarantees; `dot` only loads inside 8-element chunks.
         |a, b| unsafe { dot(a, b) },
-        // SAFETY: as above.
-        |y, w, x| unsafe { axpy(y, w, x) },
+        // SAFETY: as above; `axpy_rows` checks that its rows are inside `v`, and the head length is a
+        // multiple of 8 (`entry`).
+        |y, w, v, stride| unsafe { axpy_rows(y, w, v, stride) },
     )
 }
 
