@@ -57,15 +57,7 @@ fn main() {
         let buf: Vec<u64> = (0..(1usize << 27)).map(|i| i as u64).collect();
         let mut t = Vec::new();
         for _ in 0..reps.min(20) {
-            let s = Instant::now();
-            let mut acc = [0u64; 8];
-            for c in buf.chunks_exact(8) {
-                for l in 0..8 {
-                    acc[l] = acc[l].wrapping_add(c[l]);
-                }
-            }
-            std::hint::black_box(acc);
-            t.push(s.elapsed().as_secs_f64());
+            t.push(sum_pass(&buf));
         }
         report("bw", (buf.len() * 8) as f64, &t);
         return;

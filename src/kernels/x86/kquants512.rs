@@ -32,6 +32,8 @@ impl S16Row for Q6K {
             _mm512_and_si512(s32, _mm512_set1_epi32(0xFFFF)),
             _mm512_slli_epi32::<16>(s32),
         );
+        // The 128-bit lane of each u32 lane.
+        let lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
         let mut v = _mm512_setzero_si512();
         for h in 0..2 {
             let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
@@ -68,27 +70,8 @@ impl S16Row for Q6K {
                 let pair = 2 * h + k; // chunks 2·pair, 2·pair + 1
                 let y = _mm512_loadu_si512(ab.add(AQS + 64 * pair) as *const _);
                 // 128-bit lane i: scale 4·pair + i.
-                let s = _mm512_permutexvar_epi32(
-                    _mm512_setr_epi32(
-                        4 * pair as i32,
-                        4 * pair as i32,
-                        4 * pair as i32,
-                        4 * pair as i32,
-                        4 * pair as i32 + 1,
-                        4 * pair as i32 + 1,
-                        4 * pair as i32 + 1,
-                        4 * pair as i32 + 1,
-                        4 * pair as i32 + 2,
-                        4 * pair as i32 + 2,
-                        4 * pair as i32 + 2,
-                        4 * pair as i32 + 2,
-                        4 * pair as i32 + 3,
-                        4 * pair as i32 + 3,
-                        4 * pair as i32 + 3,
-                        4 * pair as i32 + 3,
-                    ),
-                    pairs,
-                );
+                let at = _mm512_add_epi32(lane, _mm512_set1_epi32(4 * pair as i32));
+                let s = _mm512_permutexvar_epi32(at, pairs);
                 v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(q, y), s);
             }
         }
