@@ -19,6 +19,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use deltaq::bench::{huge_region, sum_buffer};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::quant::{self, GgmlType};
 use rayon::prelude::*;
@@ -160,7 +161,7 @@ fn matvec(c: &mut Criterion) {
     for ty in types() {
         let one = matrix(ty);
         let copies = (2048usize << 20).div_ceil(one.len()).max(2);
-        let mut region = huge_region(one.len() * copies);
+        let mut region = huge_region(one.len() * copies).expect("anonymous mapping");
         for c in region.chunks_exact_mut(one.len()) {
             c.copy_from_slice(&one);
         }
@@ -240,21 +241,9 @@ fn gemm(c: &mut Criterion) {
     }
 }
 
-/// An anonymous mapping of `bytes`, advised for transparent huge pages (Linux).
-fn huge_region(bytes: usize) -> memmap2::MmapMut {
-    let map = memmap2::MmapMut::map_anon(bytes).expect("anonymous mapping");
-    #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::HugePage);
-    map
-}
-
 fn membw(c: &mut Criterion) {
-    let mut region = huge_region(2usize << 30);
-    let buf: &mut [u64] = bytemuck::cast_slice_mut(&mut region[..]);
-    for (i, w) in buf.iter_mut().enumerate() {
-        *w = i as u64; // real pages, not the shared zero page
-    }
-    let buf: &[u64] = buf;
+    let region = sum_buffer(2usize << 27).expect("anonymous mapping");
+    let buf: &[u64] = bytemuck::cast_slice(&region[..]);
     let mut g = c.benchmark_group("membw");
     g.sample_size(10);
     g.throughput(Throughput::Bytes((buf.len() * 8) as u64));

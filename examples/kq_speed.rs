@@ -95,11 +95,13 @@ fn main() {
     // slower from TLB misses).
     let huge = std::env::var("HUGE").map_or(true, |v| v != "0");
     let l = w.len();
-    let mut region =
-        memmap2::MmapMut::map_anon(if mode == "ratio" { 2 * l * copies } else { 1 }).unwrap();
-    if huge {
-        region.advise(memmap2::Advice::HugePage).unwrap();
+    let bytes = if mode == "ratio" { 2 * l * copies } else { 1 };
+    let mut region = if huge {
+        deltaq::bench::huge_region(bytes)
+    } else {
+        memmap2::MmapMut::map_anon(bytes)
     }
+    .unwrap();
     if mode == "ratio" {
         for (i, c) in region.chunks_exact_mut(l).enumerate() {
             if i % 2 == 0 {

@@ -258,19 +258,10 @@ pub fn weight_sizes(f: &GgufFile, model: &Model) -> WeightSizes {
 /// split evenly over the threads of the current rayon pool.
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     let n = (bytes / 8).max(1 << 12);
-    // An anonymous mapping advised for huge pages, as the model's weights are (see `GgufFile::open`):
-    // with 4 KiB pages the probe itself would be slowed by TLB misses, by up to 2× on a VM.
-    let Ok(mut map) = memmap2::MmapMut::map_anon(n * 8) else {
+    let Ok(map) = sum_buffer(n) else {
         return 0.0;
     };
-    #[cfg(target_os = "linux")]
-    let _ = map.advise(memmap2::Advice::HugePage);
-    let buf: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
-    // Written once so every page is real memory, not the shared zero page.
-    for (i, w) in buf.iter_mut().enumerate() {
-        *w = i as u64;
-    }
-    let buf: &[u64] = buf;
+    let buf: &[u64] = bytemuck::cast_slice(&map[..]);
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads);
     let mut best = 0f64;
@@ -285,6 +276,27 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
         best = best.max((n * 8) as f64 / secs.max(1e-9));
     }
     best
+}
+
+/// An anonymous mapping of `bytes`, advised for transparent huge pages as the model's weights are (see
+/// `GgufFile::open`): what speed probes stream from, since with 4 KiB pages TLB misses alone slow a
+/// streaming read by up to 2× on a VM.
+pub fn huge_region(bytes: usize) -> std::io::Result<memmap2::MmapMut> {
+    let map = memmap2::MmapMut::map_anon(bytes)?;
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    Ok(map)
+}
+
+/// [`huge_region`] of `words` u64, each written once (its index) so every page is real memory, not the
+/// shared zero page: the buffer of the read-bandwidth probes.
+pub fn sum_buffer(words: usize) -> std::io::Result<memmap2::MmapMut> {
+    let mut map = huge_region(words * 8)?;
+    let buf: &mut [u64] = bytemuck::cast_slice_mut(&mut map[..]);
+    for (i, w) in buf.iter_mut().enumerate() {
+        *w = i as u64;
+    }
+    Ok(map)
 }
 
 /// The share of the resident part of the mapping that holds `addr` which is mapped with 2 MiB pages

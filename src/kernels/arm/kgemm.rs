@@ -126,6 +126,17 @@ fn put(out: &mut RowBlock, col: usize, v: int8x16_t) {
     unsafe { vst1q_s8(dst.as_mut_ptr(), v) }
 }
 
+/// Stores half `h` of a block as the shared half decoders (`q3k_half`, `q6k_half`) return it: pair `j`
+/// holds columns `128·h + 32·j ..+16` and `..+32`.
+#[inline(always)]
+fn put_half(out: &mut RowBlock, h: usize, pairs: [(int8x16_t, int8x16_t); 4]) {
+    for (j, (v0, v1)) in pairs.into_iter().enumerate() {
+        let col = 128 * h + 32 * j;
+        put(out, col, v0);
+        put(out, col + 16, v1);
+    }
+}
+
 impl KGemm for Q2K {
     const WB: usize = 84;
     const SUB16: bool = true;
@@ -171,11 +182,7 @@ impl KGemm for Q3K {
             *o = s as i32;
         }
         for h in 0..2 {
-            for (j, (v0, v1)) in q3k_half(x, h).into_iter().enumerate() {
-                let col = 128 * h + 32 * j;
-                put(out, col, v0);
-                put(out, col + 16, v1);
-            }
+            put_half(out, h, q3k_half(x, h));
         }
         out.d = h2f(ld_u16(x.add(108)));
     }
@@ -265,11 +272,7 @@ impl KGemm for Q6K {
             *o = *x.add(192 + k) as i8 as i32;
         }
         for h in 0..2 {
-            for (j, (v0, v1)) in q6k_half(x, h).into_iter().enumerate() {
-                let col = 128 * h + 32 * j;
-                put(out, col, v0);
-                put(out, col + 16, v1);
-            }
+            put_half(out, h, q6k_half(x, h));
         }
         out.d = h2f(ld_u16(x.add(208)));
     }
