@@ -8,7 +8,8 @@
 //!   480 MiB L3), each followed in memory by a same-sized buffer; per round, each copy's matrix-vector
 //!   product alternates with a sum over its buffer, so both see the same host conditions at millisecond
 //!   granularity; prints the medians over rounds of both GB/s figures and of their ratio. `ROWS=n`
-//!   shrinks the matrix (e.g. 512 rows keep `hot` in L2: the kernel's compute-bound speed).
+//!   shrinks the matrix (e.g. 512 rows keep `hot` in L2: the kernel's compute-bound speed); `ITEM=n`
+//!   multiplies each copy in calls of n rows, as `matmul`'s work items do.
 //!
 //! Prints the median and best GB/s over `reps` timed calls (the best is the better estimate on a loaded
 //! machine). Small enough to run under `valgrind --tool=callgrind` for instruction counts per block.
@@ -135,7 +136,10 @@ fn main() {
             for (i, m) in mats.iter().enumerate() {
                 tb += sum_pass(chunks[i]);
                 let s = Instant::now();
-                (k.quant_rows)(ty, m, &a, 1, &mut out);
+                let item: usize = std::env::var("ITEM").map_or(rows, |v| v.parse().unwrap());
+                for (m, o) in m.chunks(item * rb).zip(out.chunks_mut(item)) {
+                    (k.quant_rows)(ty, m, &a, 1, o);
+                }
                 tm += s.elapsed().as_secs_f64();
             }
             let bytes = (w.len() * copies) as f64;

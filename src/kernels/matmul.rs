@@ -203,11 +203,21 @@ const GEMM_ROWS: usize = 64;
 /// Fewest tokens for which the prefill GEMM is used: below, unpacking a panel costs more than it saves.
 const GEMM_MIN_TOKENS: usize = 16;
 
-/// Weight rows per work item: about 32 KiB of weights for a single token (decode is memory-bound; fewer,
-/// larger items), [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
+/// Weight bytes per work item in decode, at most. The decode kernels read a tile's four rows as four
+/// streams, each through its own quarter of the item (see the x86 `quant_rows`), and a stream runs at
+/// full speed only once the prefetchers have ramped up on it. For a 4096×4096 Q4_K from memory
+/// (`examples/kq_speed ratio`, `ITEM=rows`), items of 27, 72, 144 and 288 KiB measured 9.8, 12.0,
+/// 13.3 and 14.3 GB/s; larger ones no faster.
+const DECODE_ITEM_BYTES: usize = 256 << 10;
+
+/// Weight rows per work item: in decode, the weight cut into at most [`DECODE_ITEM_BYTES`] pieces, their
+/// count a multiple of the threads so that each thread streams the same amount (decode is memory-bound);
+/// [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
     if n_tokens == 1 {
-        (32768 / w.row_bytes().max(1)).clamp(4, 256) / 4 * 4
+        let threads = rayon::current_num_threads().max(1);
+        let items = w.data.len().div_ceil(DECODE_ITEM_BYTES).div_ceil(threads) * threads;
+        w.n_out.div_ceil(items).next_multiple_of(4)
     } else {
         ROW_BLOCK
     }

@@ -8,7 +8,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, loadu, loadu128, read_f32, read_u32, QuantTile, Simd};
+use super::{f16_at, loadu, loadu128, read_f32, read_u32, QuantTile, Simd, StreamPrefetch};
 
 /// Q8_K: f32 d, 256 quants, 16 i16 block sums.
 pub(super) const AB: usize = 292;
@@ -533,21 +533,6 @@ unsafe fn scale_min_bytes2(v: __m256i) -> __m256i {
     _mm256_unpacklo_epi32(a, b)
 }
 
-/// Prefetches the 4-row group that follows the one being summed, `4·wb` bytes of it per block `b`, so
-/// the whole next group is in flight by the time it is needed. Rows are short (a 1024-wide Q4_K row is
-/// 9 cache lines), too short for the hardware prefetcher to ramp up on each of the four streams.
-/// Prefetches never fault, so the group after the last one (past the weights) is harmless; the address
-/// is only formed with wrapping arithmetic.
-#[inline(always)]
-unsafe fn prefetch_next_group(w: &[*const u8; 4], nb: usize, b: usize, wb: usize) {
-    let pf = w[3].wrapping_add(nb * wb + b * 4 * wb);
-    let mut off = 0;
-    while off < 4 * wb {
-        _mm_prefetch::<_MM_HINT_T0>(pf.wrapping_add(off) as *const i8);
-        off += 64;
-    }
-}
-
 /// One token × four Q4_K/Q5_K rows. Per block: the four rows' `d`/`dmin` are converted together; the
 /// scales of two rows at a time are unpacked in one register and stored as i16 pairs, which the chunk
 /// loop broadcasts from memory (a load, not a shuffle); the mins meet the activation block sums (summed
@@ -565,8 +550,9 @@ unsafe fn decode4_sm8<S: Simd, K: KFormat>(w: [*const u8; 4], a: *const u8, nb: 
     let mut acc = _mm_setzero_ps();
     // Per pair of rows: i16 scale pairs of chunks 0-3 (row 2i low lane, 2i+1 high lane), then 4-7.
     let mut tab = [[zero; 2]; 2];
+    let mut pf = StreamPrefetch::new(w);
     for b in 0..nb {
-        prefetch_next_group(&w, nb, b, K::WB);
+        pf.upto((b + 1) * K::WB);
         let p: [*const u8; 4] = core::array::from_fn(|r| w[r].add(b * K::WB));
         let ab = a.add(b * AB);
         let v = [load2(p[0], p[1]), load2(p[2], p[3])];
@@ -735,8 +721,9 @@ unsafe fn decode4_s16<S: Simd, K: S16Row>(w: [*const u8; 4], a: *const u8, nb: u
     let mut acc = _mm_setzero_ps();
     let dh = K::D_HI;
     let d_idx = _mm256_setr_epi32(dh, 2 + dh, 4 + dh, 6 + dh, dh, 2 + dh, 4 + dh, 6 + dh);
+    let mut pf = StreamPrefetch::new(w);
     for b in 0..nb {
-        prefetch_next_group(&w, nb, b, K::WB);
+        pf.upto((b + 1) * K::WB);
         let p: [*const u8; 4] = core::array::from_fn(|r| w[r].add(b * K::WB));
         let ab = a.add(b * AB);
         let dd = _mm_setr_epi32(

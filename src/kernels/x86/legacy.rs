@@ -7,7 +7,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, hsum_ps, loadu, loadu128, read_u32, QuantTile, Simd};
+use super::{f16_at, hsum_ps, loadu, loadu128, read_u32, QuantTile, Simd, StreamPrefetch};
 
 /// How a format's codes enter the product.
 #[derive(PartialEq, Eq)]
@@ -100,30 +100,6 @@ legacy_format!(Q8_0, 34, 34, Kind::Signed, |p| {
     (loadu(p.add(2)), f16_at(p), 0.0)
 });
 
-/// Software prefetch for decode tiles (one token, `R` rows back to back): as the tile consumes its
-/// rows block by block, it asks for the same share of the *next* `R`-row group (which starts right after
-/// its last row), one cache line at a time, so the whole next group is in flight by the time it is
-/// needed. Rows of 1024–4096 columns are 9–68 cache lines (Q4_0 to Q8_0), too short for the hardware
-/// prefetcher to ramp up on each of the R streams (the K-quant decode kernels do the same,
-/// `kquants::prefetch_next_group`). Prefetches never fault, so the group after the last one (past the
-/// weights) is harmless; its address is formed with wrapping arithmetic only.
-struct Prefetch {
-    next: *const u8,
-    /// Bytes of the next group requested so far.
-    done: usize,
-}
-
-impl Prefetch {
-    /// Requests the next group's lines up to byte `upto` (from its start).
-    #[inline(always)]
-    unsafe fn upto(&mut self, upto: usize) {
-        while self.done < upto {
-            _mm_prefetch::<_MM_HINT_T0>(self.next.wrapping_add(self.done) as *const i8);
-            self.done += 64;
-        }
-    }
-}
-
 #[inline(always)]
 unsafe fn legacy_tile<S: Simd, K: Legacy, const R: usize, const T: usize>(
     w: [*const u8; R],
@@ -138,14 +114,10 @@ unsafe fn legacy_tile<S: Simd, K: Legacy, const R: usize, const T: usize>(
         _ => 0,
     };
     let qoff = K::AB - 32;
-    // Decode tiles: prefetch the next group of R rows, R blocks' worth per block.
-    let mut pf = Prefetch {
-        next: w[R - 1].wrapping_add(nb * K::WB),
-        done: 0,
-    };
+    let mut pf = StreamPrefetch::new(w);
     for b in 0..nb {
         if T == 1 {
-            pf.upto((b + 1) * R * K::WB);
+            pf.upto((b + 1) * K::WB);
         }
         let mut q = [zero; R];
         let mut qa = [zero; R];
