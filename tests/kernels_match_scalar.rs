@@ -524,6 +524,44 @@ fn ops_match_scalar() {
     }
 }
 
+/// Every table's delta-rule step equals the reference bit for bit: head sizes with and without a
+/// multiple of 8 (`dk` 12 takes the reference path), several tokens in a row on the same state, decays
+/// of 0, 1 and between, zero and large writes.
+#[test]
+fn delta_step_matches_scalar() {
+    let s = scalar().ops;
+    let mut rng = Rng(0xde17a);
+    for k in tables().into_iter().skip(1) {
+        for (dk, dv) in [(8, 3), (16, 16), (12, 5), (128, 128), (64, 32)] {
+            let init: Vec<f32> = (0..dk * dv).map(|_| rng.f()).collect();
+            let (mut m_got, mut m_want) = (init.clone(), init);
+            for step in 0..6 {
+                let q: Vec<f32> = (0..dk).map(|_| rng.f() * 0.2).collect();
+                let kk: Vec<f32> = (0..dk).map(|_| rng.f() * 0.2).collect();
+                let v: Vec<f32> = (0..dv).map(|_| rng.f() * 4.0).collect();
+                let decay = [0.0f32, 1.0, 0.97, 0.5, 1e-20, 0.999][step];
+                let beta = [0.0f32, 1.0, 0.3, 0.9, 0.01, 0.5][step];
+                let (mut o_got, mut o_want) = (vec![0f32; dv], vec![0f32; dv]);
+                (k.ops.delta_step)(&mut m_got, &q, &kk, &v, decay, beta, &mut o_got);
+                (s.delta_step)(&mut m_want, &q, &kk, &v, decay, beta, &mut o_want);
+                let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&o_got),
+                    bits(&o_want),
+                    "{} delta_step out dk={dk} dv={dv} step {step}",
+                    k.isa.name()
+                );
+                assert_eq!(
+                    bits(&m_got),
+                    bits(&m_want),
+                    "{} delta_step state dk={dk} dv={dv} step {step}",
+                    k.isa.name()
+                );
+            }
+        }
+    }
+}
+
 /// Distance in units in the last place (0 for equal values, including both NaN or the same infinity).
 fn ulps(a: f32, b: f32) -> u64 {
     if a.is_nan() || b.is_nan() {

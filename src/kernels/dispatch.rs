@@ -165,7 +165,14 @@ pub struct OpsFns {
     /// NEOX RoPE with precomputed angles: for `i < h = cos.len()`, `(x[i], x[i+h])` is rotated by the
     /// angle whose cosine and sine are `cos[i]`, `sin[i]`; `x[2h..]` is left alone.
     pub rope: fn(x: &mut [f32], cos: &[f32], sin: &[f32]),
+    /// One token of the delta rule on one head's state `m` (`[dv × dk]` row-major, row `j` = value dim
+    /// `j`), with `q`, `k` `[dk]`, `v`, `out` `[dv]`: per row, `row ← decay·row`,
+    /// `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`.
+    pub delta_step: DeltaStep,
 }
+
+/// The signature of [`OpsFns::delta_step`]: `(m, q, k, v, decay, beta, out)`.
+pub type DeltaStep = fn(&mut [f32], &[f32], &[f32], &[f32], f32, f32, &mut [f32]);
 
 /// Every table this CPU can run, lowest first (always starts with scalar).
 pub fn available() -> Vec<&'static Kernels> {

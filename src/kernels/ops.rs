@@ -43,6 +43,20 @@ pub fn sigmoid_mul(x: &mut [f32], g: &[f32]) {
     (super::kernels().ops.sigmoid_mul)(x, g)
 }
 
+/// One token of the delta rule on one head's state `m` (`[dv × dk]`, row `j` = value dim `j`): per row,
+/// `row ← decay·row`, `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`.
+pub fn delta_step(
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    out: &mut [f32],
+) {
+    (super::kernels().ops.delta_step)(m, q, k, v, decay, beta, out)
+}
+
 /// NEOX RoPE with the angles of [`rope_cos_sin`]: pairs `(x[i], x[i + h])`, `i < h = cos.len()`, rotated;
 /// the rest of `x` is left alone.
 pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {

@@ -2,7 +2,7 @@
 
 use super::attend::attend_ref;
 use super::dispatch::{Isa, Kernels, OpsFns};
-use super::ops::{l2_scale, rms_scale, sigmoid, silu};
+use super::ops::{axpy, dot, l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -28,6 +28,7 @@ pub static OPS: OpsFns = OpsFns {
     silu_mul: silu_mul_ref,
     sigmoid_mul: sigmoid_mul_ref,
     rope: rope_ref,
+    delta_step: delta_step_ref,
 };
 
 /// Quantized weight rows · quantized activation rows, block by block (`BlockFormat::vec_dot_ref`).
@@ -175,5 +176,29 @@ pub fn rope_ref(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (a, b) = (x[i], x[i + half]);
         x[i] = a * cos[i] - b * sin[i];
         x[i + half] = a * sin[i] + b * cos[i];
+    }
+}
+
+/// One token of the delta rule on one head ([`OpsFns::delta_step`]): `m` `[dv × dk]`, `q`, `k` `[dk]`,
+/// `v`, `out` `[dv]`.
+pub fn delta_step_ref(
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    out: &mut [f32],
+) {
+    let dk = k.len();
+    assert!(
+        q.len() == dk && m.len() == v.len() * dk && out.len() == v.len(),
+        "delta_step lengths"
+    );
+    for ((row, &vj), o) in m.chunks_exact_mut(dk).zip(v).zip(out.iter_mut()) {
+        row.iter_mut().for_each(|s| *s *= decay);
+        let delta = beta * (vj - dot(row, k));
+        axpy(row, delta, k);
+        *o = dot(row, q);
     }
 }

@@ -9,7 +9,7 @@ use super::{carve, for_rows};
 use crate::kernels::fgemm::{gemm, transpose};
 use crate::kernels::fpenv::FlushDenormals;
 use crate::kernels::ops::{
-    axpy, dot, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
+    axpy, delta_step, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
 };
 use crate::kernels::{matmul, matmuls};
 
@@ -226,13 +226,8 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
             &x.k[t * dk..][..dk],
             &x.v[t * dv..][..dv],
         );
-        let decay = x.g[t].exp();
-        for (j, row) in m.chunks_exact_mut(dk).enumerate() {
-            row.iter_mut().for_each(|s| *s *= decay);
-            let delta = x.beta[t] * (v[j] - dot(row, k));
-            axpy(row, delta, k);
-            out[t * dv + j] = dot(row, q);
-        }
+        let o = &mut out[t * dv..][..dv];
+        delta_step(m, q, k, v, x.g[t].exp(), x.beta[t], o);
     }
 }
 
