@@ -1,5 +1,6 @@
 //! Fork/join cost of one parallel region on 2 threads, rayon against a minimal spin-waiting worker:
-//! `cargo run --release --example pool_probe -- [regions] [gap_us]`.
+//! `cargo run --release --example pool_probe -- [regions] [gap_us]`, or, on a model's real matrices,
+//! `cargo run --release --example pool_probe -- decode FILE [tokens]`.
 //!
 //! Decoding runs a few hundred small parallel regions per token (a matmul, the delta rule's heads, ...)
 //! with short serial stretches between them. Each region here hands both threads a trivial share; `gap_us`
@@ -38,6 +39,9 @@ fn share(i: usize) -> u64 {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("decode") {
+        return decode_replay();
+    }
     let mut args = std::env::args().skip(1);
     let regions: usize = args.next().map_or(20_000, |s| s.parse().unwrap());
     let gap: u64 = args.next().map_or(0, |s| s.parse().unwrap());
@@ -124,5 +128,156 @@ fn main() {
         "gap {gap} us: per region, one share alone {base:.0} ns, rayon {rayon_ns:.0} ns (+{:.0}), spin {spin_ns:.0} ns (+{:.0})",
         rayon_ns - base,
         spin_ns - base
+    );
+}
+
+/// The spin-waiting pool of the probe, for jobs that own what they use (`'static`): the calling thread
+/// bumps `epoch`, then it and the worker claim items from `next` until `n` are taken.
+struct Spin {
+    epoch: AtomicUsize,
+    next: AtomicUsize,
+    n: AtomicUsize,
+    pending: AtomicUsize,
+    job: std::sync::Mutex<Option<Job>>,
+    stop: AtomicBool,
+}
+
+type Job = Arc<dyn Fn(usize) + Send + Sync>;
+
+impl Spin {
+    fn start() -> (Arc<Spin>, std::thread::JoinHandle<()>) {
+        let pool = Arc::new(Spin {
+            epoch: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            n: AtomicUsize::new(0),
+            pending: AtomicUsize::new(0),
+            job: std::sync::Mutex::new(None),
+            stop: AtomicBool::new(false),
+        });
+        let p = pool.clone();
+        let worker = std::thread::spawn(move || {
+            let mut seen = 0;
+            loop {
+                let e = p.epoch.load(Ordering::Acquire);
+                if e == seen {
+                    if p.stop.load(Ordering::Acquire) {
+                        return;
+                    }
+                    std::hint::spin_loop();
+                    continue;
+                }
+                seen = e;
+                let job = p.job.lock().unwrap().clone().expect("a job per epoch");
+                p.claim(&job);
+                p.pending.fetch_sub(1, Ordering::Release);
+            }
+        });
+        (pool, worker)
+    }
+
+    fn claim(&self, job: &Job) {
+        let n = self.n.load(Ordering::Acquire);
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            if i >= n {
+                return;
+            }
+            job(i);
+        }
+    }
+
+    fn region(&self, n: usize, job: &Job) {
+        *self.job.lock().unwrap() = Some(job.clone());
+        self.next.store(0, Ordering::Release);
+        self.n.store(n, Ordering::Release);
+        self.pending.store(1, Ordering::Release);
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        self.claim(job);
+        while self.pending.load(Ordering::Acquire) != 0 {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Replays a decoded token's matrix-vector products on a model's real matrices (every quantized 2-D
+/// tensor of the trunk, one region each, cut into `matmul`'s decode items of at most 256 KiB), with the
+/// work handed out by rayon (as `matmuls` does) and by the spin pool, alternating token by token; prints
+/// the median ms per token of each. Only the pool differs: the same items, kernels and activations.
+fn decode_replay() {
+    use deltaq::gguf::GgufFile;
+    use deltaq::kernels;
+    let mut args = std::env::args().skip(2);
+    let path = args.next().expect("decode FILE [tokens]");
+    let tokens: usize = args.next().map_or(30, |s| s.parse().unwrap());
+    let file: &'static GgufFile = Box::leak(Box::new(GgufFile::open(&path).expect("open")));
+    let k = kernels::kernels();
+    let mut jobs: Vec<(usize, Job)> = Vec::new();
+    for t in file.tensors() {
+        let is_trunk = t.name.starts_with("blk.") || t.name == "output.weight";
+        let quant = deltaq::quant::GgmlType::WEIGHT_QUANTS.contains(&t.ty);
+        if !is_trunk || !quant || t.ne.len() != 2 || t.ne[1] < 64 {
+            continue;
+        }
+        let (n_in, n_out) = (t.ne[0] as usize, t.ne[1] as usize);
+        let data: &'static [u8] = file.tensor_data(t);
+        let act_ty = t.ty.vec_dot_type();
+        let mut act = vec![0u8; act_ty.row_bytes(n_in as u64).unwrap() as usize];
+        let x: Vec<f32> = (0..n_in)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        (k.quantize_act)(act_ty, &x, &mut act);
+        let act: &'static [u8] = Box::leak(act.into_boxed_slice());
+        let rb = data.len() / n_out;
+        let items = data.len().div_ceil(256 << 10).div_ceil(2) * 2;
+        let rows = n_out.div_ceil(items).next_multiple_of(4);
+        let ty = t.ty;
+        let job: Job = Arc::new(move |i: usize| {
+            let r0 = i * rows;
+            let rr = rows.min(n_out - r0);
+            SCRATCH.with(|s| {
+                let mut s = s.borrow_mut();
+                s.resize(rr, 0.0);
+                (k.quant_rows)(ty, &data[r0 * rb..(r0 + rr) * rb], act, 1, &mut s[..rr]);
+                black_box(&s[..]);
+            });
+        });
+        jobs.push((n_out.div_ceil(rows), job));
+    }
+    let regions = jobs.len();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let (mut tr, mut ts) = (Vec::new(), Vec::new());
+    for tok in 0..tokens + 2 {
+        let t = Instant::now();
+        pool.install(|| {
+            for (n, job) in &jobs {
+                (0..*n).into_par_iter().for_each(|i| job(i));
+            }
+        });
+        let r = t.elapsed().as_secs_f64() * 1e3;
+        // The spin worker runs only for its own phase (it would take a core from rayon's otherwise).
+        let (spin, worker) = Spin::start();
+        let t = Instant::now();
+        for (n, job) in &jobs {
+            spin.region(*n, job);
+        }
+        let s = t.elapsed().as_secs_f64() * 1e3;
+        spin.stop.store(true, Ordering::Release);
+        worker.join().unwrap();
+        if tok >= 2 {
+            tr.push(r);
+            ts.push(s);
+        }
+    }
+    println!(
+        "{regions} regions per token: rayon {:.2} ms, spin {:.2} ms per token (medians of {tokens})",
+        median(tr),
+        median(ts)
     );
 }
