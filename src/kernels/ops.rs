@@ -57,6 +57,17 @@ pub fn delta_step(
     (super::kernels().ops.delta_step)(m, q, k, v, decay, beta, out)
 }
 
+/// Panics unless the lengths fit one head of [`delta_step`] (`m` = `v.len()` rows of `k.len()`, `q` as
+/// `k`, `out` as `v`); returns `dk`.
+pub(crate) fn check_delta_step(m: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32]) -> usize {
+    let dk = k.len();
+    assert!(
+        q.len() == dk && m.len() == v.len() * dk && out.len() == v.len(),
+        "delta_step lengths"
+    );
+    dk
+}
+
 /// NEOX RoPE with the angles of [`rope_cos_sin`]: pairs `(x[i], x[i + h])`, `i < h = cos.len()`, rotated;
 /// the rest of `x` is left alone.
 pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {

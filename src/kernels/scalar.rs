@@ -2,7 +2,7 @@
 
 use super::attend::attend_ref;
 use super::dispatch::{Isa, Kernels, OpsFns};
-use super::ops::{axpy, dot, l2_scale, rms_scale, sigmoid, silu};
+use super::ops::{axpy, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -190,11 +190,7 @@ pub fn delta_step_ref(
     beta: f32,
     out: &mut [f32],
 ) {
-    let dk = k.len();
-    assert!(
-        q.len() == dk && m.len() == v.len() * dk && out.len() == v.len(),
-        "delta_step lengths"
-    );
+    let dk = check_delta_step(m, q, k, v, out);
     for ((row, &vj), o) in m.chunks_exact_mut(dk).zip(v).zip(out.iter_mut()) {
         row.iter_mut().for_each(|s| *s *= decay);
         let delta = beta * (vj - dot(row, k));

@@ -9,7 +9,7 @@ use core::arch::x86_64::*;
 
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{l2_scale, rms_scale, sigmoid, silu};
+use crate::kernels::ops::{check_delta_step, l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry: a safe wrapper per op around its `#[target_feature]` body.
 pub(crate) static OPS: OpsFns = OpsFns {
@@ -379,14 +379,9 @@ fn delta_step(
     beta: f32,
     out: &mut [f32],
 ) {
-    let dk = k.len();
-    if !dk.is_multiple_of(8) {
+    if !check_delta_step(m, q, k, v, out).is_multiple_of(8) {
         return crate::kernels::scalar::delta_step_ref(m, q, k, v, decay, beta, out);
     }
-    assert!(
-        q.len() == dk && m.len() == v.len() * dk && out.len() == v.len(),
-        "delta_step lengths"
-    );
     // SAFETY: as `rms_norm`; `dk` is a multiple of 8 and the lengths are checked above, so every 8-lane
     // load and store stays inside its slice (`ld`/`st`); the prefetch addresses are never dereferenced.
     unsafe { delta_step_impl(m, q, k, v, decay, beta, out) }
