@@ -130,13 +130,14 @@ fn main() {
             .step_by(2)
             .map(bytemuck::cast_slice)
             .collect();
+        // ITEM=n: rows per call (read once, outside the timed loop).
+        let item: usize = std::env::var("ITEM").map_or(rows, |v| v.parse().unwrap());
         let (mut bw, mut mv, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps.min(30) {
             let (mut tb, mut tm) = (0.0, 0.0);
             for (i, m) in mats.iter().enumerate() {
                 tb += sum_pass(chunks[i]);
                 let s = Instant::now();
-                let item: usize = std::env::var("ITEM").map_or(rows, |v| v.parse().unwrap());
                 for (m, o) in m.chunks(item * rb).zip(out.chunks_mut(item)) {
                     (k.quant_rows)(ty, m, &a, 1, o);
                 }

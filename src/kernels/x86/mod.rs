@@ -30,10 +30,10 @@ mod quantize;
 /// 4096 bytes, and 10.4–11.3 GB/s without software prefetch (Q6_K: 12.5, 13.1, 13.0, 13.8).
 const PREFETCH_AHEAD: usize = 2048;
 
-/// Software prefetch for the decode tiles (one token, `R` row streams from [`quant_rows`]' stripes): as
-/// a tile consumes its rows, each stream's lines are requested [`PREFETCH_AHEAD`] bytes ahead of the
-/// read, one cache line at a time. Near a row's end that is the start of the stripe's next row, which the
-/// next tile reads. Prefetches never fault, so reaching past the weights is harmless; the addresses are
+/// Software prefetch for `R` streams read forward once (the decode tiles' rows from [`quant_rows`]'
+/// stripes, the delta rule's state): as they are consumed, each stream's lines are requested
+/// [`PREFETCH_AHEAD`] bytes ahead of the read, one cache line at a time. Near a decode row's end that is
+/// the start of the stripe's next row, which the next tile reads. Prefetches never fault, so reaching past the weights is harmless; the addresses are
 /// formed with wrapping arithmetic only.
 pub(crate) struct StreamPrefetch<const R: usize> {
     rows: [*const u8; R],

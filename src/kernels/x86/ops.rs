@@ -7,6 +7,7 @@
 
 use core::arch::x86_64::*;
 
+use super::StreamPrefetch;
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
 use crate::kernels::ops::{check_delta_step, l2_scale, rms_scale, sigmoid, silu};
@@ -324,7 +325,7 @@ unsafe fn fold8_like_dot(v: __m256) -> f32 {
 /// One token of the delta rule on one head, bit for bit the reference's operations: the decay and the
 /// update are separate multiplies and adds, each dot product one 8-lane accumulator (the reference's 8
 /// accumulators) folded as the reference folds them. Two passes per state row instead of four, and the
-/// row 4 ahead (2 KiB at `dk` = 128) prefetched: the state comes from memory once per token.
+/// state prefetched [`StreamPrefetch`]'s distance ahead: it comes from memory once per token.
 ///
 /// # Safety
 /// The CPU must have AVX2; `dk` must be a multiple of 8 and the lengths as `delta_step_ref` checks.
@@ -340,13 +341,10 @@ unsafe fn delta_step_impl(
 ) {
     let dk = k.len();
     let dec = _mm256_set1_ps(decay);
+    // The state is one stream: each row's reads request the lines 2 KiB ahead (4 rows at `dk` = 128).
+    let mut pf = StreamPrefetch::new([m.as_ptr() as *const u8]);
     for (j, (&vj, o)) in v.iter().zip(out.iter_mut()).enumerate() {
-        let ahead = m.as_ptr().wrapping_add((j + 4) * dk) as *const i8;
-        let mut off = 0;
-        while off < dk * 4 {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off));
-            off += 64;
-        }
+        pf.upto((j + 1) * dk * 4);
         let row = &mut m[j * dk..(j + 1) * dk];
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;
