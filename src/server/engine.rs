@@ -340,26 +340,27 @@ fn worker(engine: &Engine, rx: &Mutex<Receiver<Job>>) {
         engine.counters.busy.fetch_add(1, Ordering::SeqCst);
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| engine.run(&job)));
         let c = &engine.counters;
-        match result {
+        let event = match result {
             Ok(Ok(done)) => {
                 match done.finish {
                     Finish::Cancelled => c.cancelled.fetch_add(1, Ordering::Relaxed),
                     _ => c.completed.fetch_add(1, Ordering::Relaxed),
                 };
-                let _ = job.tx.send(Event::Done(done));
+                Event::Done(done)
             }
             Ok(Err(msg)) => {
                 c.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = job.tx.send(Event::Error(msg));
+                Event::Error(msg)
             }
             Err(_) => {
                 c.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = job
-                    .tx
-                    .send(Event::Error("internal error while generating".into()));
+                Event::Error("internal error while generating".into())
             }
-        }
+        };
+        // The slot is free before the client hears the end: a client that asks /health right
+        // after its last event must see its request counted and its slot released.
         c.busy.fetch_sub(1, Ordering::SeqCst);
+        let _ = job.tx.send(event);
     }
 }
 
