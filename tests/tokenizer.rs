@@ -554,3 +554,53 @@ fn cli_tokenize() {
         "21251 1814\n"
     );
 }
+
+/// Resident kB of this process's mapping that contains `addr` (Linux `/proc/self/smaps`).
+#[cfg(target_os = "linux")]
+fn mapping_rss_kb(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((a, b)) = head.split_once('-') {
+            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
+                inside = (a..b).contains(&addr);
+                continue;
+            }
+        }
+        if inside {
+            if let Some(kb) = line.strip_prefix("Rss:") {
+                return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+            }
+        }
+    }
+    panic!("no mapping contains {addr:#x}");
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn metadata_pages_leave_the_resident_set_and_read_the_same_afterwards() {
+    let f = GgufFile::open(fixture(VOCAB)).unwrap();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    let text = "In the beginning God created the heaven and the earth. 3333 é";
+    let ids = tok.encode(text, false).unwrap();
+    let tokens = |f: &GgufFile| -> Vec<Vec<u8>> {
+        let a = f.get_array("tokenizer.ggml.tokens").unwrap();
+        a.strings().unwrap().map(|s| s.to_vec()).collect()
+    };
+    let before_tokens = tokens(&f);
+    let addr = f.bytes().as_ptr() as usize;
+    let before = mapping_rss_kb(addr);
+    assert!(
+        before * 1024 > f.bytes().len() as u64 / 2,
+        "the vocabulary was read: {before} kB resident"
+    );
+    f.release_metadata_pages();
+    let after = mapping_rss_kb(addr);
+    // The file is all metadata: at most its last 64 KiB granule stays.
+    assert!(after <= 64 + 4, "{before} kB -> {after} kB resident");
+    // The same bytes come back on the next read, and a tokenizer built from them is the same.
+    assert!(tokens(&f) == before_tokens);
+    let tok2 = Tokenizer::from_gguf(&f).unwrap();
+    assert_eq!(tok2.encode(text, false).unwrap(), ids);
+}

@@ -112,6 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     let sizes = weight_sizes(&f, &model);
+    f.release_metadata_pages();
     let isa = kernels().isa.name();
 
     let mut rows: Vec<Row> = Vec::new();

@@ -109,6 +109,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             Err(e) => return Err(e).context("interactive chat needs the model's chat template"),
         }
     };
+    f.release_metadata_pages();
     let mut out = Printer::new(!a.hide_think);
     pool.install(|| -> anyhow::Result<()> {
         match (&a.prompt, template) {

@@ -249,6 +249,31 @@ impl GgufFile {
         self.backing.bytes()
     }
 
+    /// Drops the metadata pages (everything before the tensor data) from the process's resident set,
+    /// once the model, tokenizer and chat template have been built from them. They stay in the page
+    /// cache, and a later read maps them again. In a Qwen3.5 file they are about 16 MB, mostly the
+    /// 248k-token vocabulary and 500k merges, which the tokenizer has copied into its own tables:
+    /// 3% of the 0.8B's resident memory for nothing. A no-op for in-memory images and off Unix.
+    pub fn release_metadata_pages(&self) {
+        #[cfg(unix)]
+        if let Backing::Mmap(map) = &self.backing {
+            // A multiple of every page size in use (4, 16 and 64 KiB), so the range ends on a page
+            // boundary at or before the first tensor.
+            const GRANULE: usize = 64 << 10;
+            let len = (self.data_start as usize).min(map.len()) / GRANULE * GRANULE;
+            if len > 0 {
+                // SAFETY: the mapping is private and read-only, so none of its pages was ever
+                // written: MADV_DONTNEED discards no data, and the next access to the range reads the
+                // same file bytes again at the same addresses. Slices borrowed from the range (keys,
+                // strings) therefore keep their contents; the file changing on disk is the caveat
+                // every mapping has (see `open`).
+                let _ = unsafe {
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len)
+                };
+            }
+        }
+    }
+
     /// Metadata keys in file order.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
         self.kv.iter().map(|e| e.key.as_str())

@@ -85,6 +85,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             None
         }
     };
+    file.release_metadata_pages();
     let train = model.hp.n_ctx_train;
     let n_ctx = cfg.n_ctx.unwrap_or(train);
     if n_ctx > train {
