@@ -2,28 +2,32 @@
 //! (`tokenizer.ggml.*`), with llama.cpp's semantics.
 //!
 //! Encoding: the text is first split on special-token strings (llama.cpp's `tokenizer_st_partition`:
-//! USER_DEFINED tokens always, CONTROL tokens only with `parse_special`), then every plain fragment goes
-//! through the Hugging Face `tokenizers` pipeline: `Split(qwen35 regex, Isolated)` + `ByteLevel` (GPT-2
-//! byte-to-unicode map, no regex of its own) + BPE with the GGUF merges. No normalization (llama.cpp
-//! applies none; the HF `tokenizer.json` declares NFC, which changes non-NFC input only).
+//! USER_DEFINED tokens always, CONTROL tokens only with `parse_special`), then every plain fragment is
+//! split into words by the pre-tokenizer regex (the Hugging Face `tokenizers` crate's `Split(qwen35
+//! regex, Isolated)`), and each word's bytes are merged by our own BPE over token ids ([`bpe`]: the
+//! GPT-2 byte-to-char map folded into a byte -> token table, the GGUF merges in one compact table).
+//! No normalization (llama.cpp applies none; the HF `tokenizer.json` declares NFC, which changes
+//! non-NFC input only).
 //!
 //! Decoding follows llama.cpp's `token_to_piece`: NORMAL tokens are mapped back through the byte map,
 //! USER_DEFINED tokens are copied as they are, CONTROL / UNKNOWN tokens appear only when `special` is
 //! asked for, and UNUSED / BYTE / undefined ones never.
 //!
-//! Building it costs about a second of CPU for the 248k-token vocabulary (most of it in the
-//! `tokenizers` crate's merge table; merge parsing runs on a second thread). [`Tokenizer`] is
-//! `Send + Sync`, so a caller can build it on a thread while it loads the weights.
+//! Memory: the 248k-token vocabulary's strings and pieces in two contiguous tables, a sorted index for
+//! lookups by text, and the 500k merges in one hash table: about 25 MB in all, where the `tokenizers`
+//! crate's BPE model held about 90 MB (its vocabulary twice as maps of heap strings, and the merges).
+//! [`Tokenizer`] is `Send + Sync`, so a caller can build it on a thread while it loads the weights.
+
+mod bpe;
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use tokenizers::models::bpe::{Merges, Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::SplitDelimiterBehavior;
+use tokenizers::{
+    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+};
+
+use bpe::{Bpe, BpeScratch};
 
 use crate::gguf::{GgufError, GgufFile, Value};
 
@@ -164,7 +168,6 @@ struct Tables {
     texts: ByteTable,
     pieces: ByteTable,
     types: Vec<TokenType>,
-    vocab: Vocab,
     specials: Vec<SpecialToken>,
 }
 
@@ -186,7 +189,6 @@ impl Tables {
         let inv = char_to_byte_table();
         let mut texts = ByteTable::with_capacity(n, n * 8);
         let mut pieces = ByteTable::with_capacity(n, n * 6);
-        let mut vocab = Vocab::with_capacity(n);
         let mut specials = Vec::new();
         let mut scratch = Vec::with_capacity(64);
         for (id, text) in texts_iter.enumerate() {
@@ -213,7 +215,6 @@ impl Tables {
                     ty,
                 });
             }
-            vocab.entry(text.to_string()).or_insert(id as u32);
         }
         if texts.ends.len() != n {
             return Err(TokenizerError::Invalid(format!(
@@ -225,7 +226,6 @@ impl Tables {
             texts,
             pieces,
             types,
-            vocab,
             specials,
         })
     }
@@ -240,10 +240,14 @@ enum Fragment<'a> {
 
 #[derive(Clone)]
 pub struct Tokenizer {
-    /// Pre-tokenizer + BPE, without added tokens (special tokens are split off before it).
-    hf: Arc<tokenizers::Tokenizer>,
+    /// The pre-tokenizer: the regex that cuts plain text into words.
+    split: Split,
+    /// The merges that turn a word's bytes into tokens.
+    bpe: Bpe,
     /// The GGUF token strings, as stored.
     texts: ByteTable,
+    /// Token ids ordered by their string (then id), for lookups by text.
+    by_text: Vec<u32>,
     /// What each token decodes to (byte map undone for NORMAL tokens; the text for the others).
     pieces: ByteTable,
     types: Vec<TokenType>,
@@ -331,28 +335,12 @@ impl Tokenizer {
             add_bos: opt_bool(f, "tokenizer.ggml.add_bos_token").unwrap_or(false),
             add_eos: opt_bool(f, "tokenizer.ggml.add_eos_token").unwrap_or(false),
         };
-        // The two halves of the work (merge strings; vocabulary tables) run on two threads.
-        let (merges, tables) = std::thread::scope(|scope| {
-            let merges = scope.spawn(move || {
-                let mut out = Merges::with_capacity(merges_view.len);
-                for (i, m) in merge_strings.enumerate() {
-                    out.push(parse_merge(m).ok_or_else(|| {
-                        TokenizerError::Invalid(format!("merge {i} is malformed"))
-                    })?);
-                }
-                Ok::<_, TokenizerError>(out)
-            });
-            let texts = strings.map(|s| {
-                std::str::from_utf8(s)
-                    .map_err(|_| TokenizerError::Invalid("a token is not valid UTF-8".into()))
-            });
-            let tables = Tables::build(texts, n, types);
-            (
-                merges.join().expect("merge parsing thread panicked"),
-                tables,
-            )
+        let texts = strings.map(|s| {
+            std::str::from_utf8(s)
+                .map_err(|_| TokenizerError::Invalid("a token is not valid UTF-8".into()))
         });
-        Self::finish(tables?, merges?, pre, ids)
+        let tables = Tables::build(texts, n, types)?;
+        Self::finish(tables, merge_strings, merges_view.len, pre, ids)
     }
 
     /// Builds the tokenizer from its parts: token strings (byte-level encoded, as in GGUF), token
@@ -360,17 +348,26 @@ impl Tokenizer {
     pub fn from_parts(
         tokens: &[&str],
         types: Vec<TokenType>,
-        merges: Merges,
+        merges: &[(&str, &str)],
         pre: &str,
         ids: TokenizerIds,
     ) -> Result<Tokenizer, TokenizerError> {
         let tables = Tables::build(tokens.iter().map(|s| Ok(*s)), tokens.len(), types)?;
-        Self::finish(tables, merges, pre, ids)
+        let joined: Vec<String> = merges.iter().map(|(a, b)| format!("{a} {b}")).collect();
+        Self::finish(
+            tables,
+            joined.iter().map(|m| m.as_bytes()),
+            merges.len(),
+            pre,
+            ids,
+        )
     }
 
-    fn finish(
+    /// `merges`: the GGUF merge strings, `"left right"`, best first.
+    fn finish<'m>(
         tables: Tables,
-        merges: Merges,
+        merges: impl Iterator<Item = &'m [u8]>,
+        n_merges: usize,
         pre: &str,
         ids: TokenizerIds,
     ) -> Result<Tokenizer, TokenizerError> {
@@ -378,7 +375,6 @@ impl Tokenizer {
             texts,
             pieces,
             types,
-            vocab,
             mut specials,
         } = tables;
         let n = types.len();
@@ -400,26 +396,24 @@ impl Tokenizer {
                 }
             }
         }
+        // The merge table (through a transient text -> id map) and, on a second thread, the sorted
+        // index for `token_to_id`.
+        let (bpe, by_text) = std::thread::scope(|scope| {
+            let by_text = scope.spawn(|| sorted_by_text(&texts));
+            let bpe = build_bpe(&texts, merges, n_merges);
+            (bpe, by_text.join().expect("index thread panicked"))
+        });
+        let bpe = bpe?;
         // Longest first (llama.cpp sorts by length, descending); ties by id for determinism.
         specials.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
         let special_ids = specials.iter().map(|s| (s.text.clone(), s.id)).collect();
 
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| TokenizerError::Invalid(format!("BPE: {e}")))?;
         let split = Split::new(
             SplitPattern::Regex(regex.to_string()),
             SplitDelimiterBehavior::Isolated,
             false,
         )
         .map_err(|e| TokenizerError::Invalid(format!("pre-tokenizer regex: {e}")))?;
-        let pre_tok = Sequence::new(vec![
-            PreTokenizerWrapper::Split(split),
-            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)),
-        ]);
-        let mut hf = tokenizers::Tokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(pre_tok)));
 
         // End of generation: eos, plus the tokens llama.cpp adds to its EOG set by name.
         let mut eog: Vec<u32> = ids.eos.into_iter().collect();
@@ -435,8 +429,10 @@ impl Tokenizer {
         eog.sort_unstable();
 
         Ok(Tokenizer {
-            hf: Arc::new(hf),
+            split,
+            bpe,
             texts,
+            by_text,
             pieces,
             types,
             specials,
@@ -505,7 +501,12 @@ impl Tokenizer {
 
     /// The id of a token by its GGUF string (byte-level encoded for NORMAL tokens, e.g. `"Ġworld"`).
     pub fn token_to_id(&self, text: &str) -> Option<u32> {
-        self.hf.token_to_id(text)
+        let text = text.as_bytes();
+        let i = self
+            .by_text
+            .partition_point(|&id| self.texts.get(id as usize) < text);
+        let id = *self.by_text.get(i)?;
+        (self.texts.get(id as usize) == text).then_some(id)
     }
 
     /// The id of a special (CONTROL / USER_DEFINED / UNKNOWN) token by its text, e.g. `"</think>"`.
@@ -529,16 +530,11 @@ impl Tokenizer {
                 out.push(b);
             }
         }
+        let mut scratch = BpeScratch::default();
         for frag in self.partition(text, parse_special) {
             match frag {
                 Fragment::Token(id) => out.push(id),
-                Fragment::Text(t) => {
-                    let enc = self
-                        .hf
-                        .encode_fast(t, false)
-                        .map_err(|e| TokenizerError::Encode(e.to_string()))?;
-                    out.extend_from_slice(enc.get_ids());
-                }
+                Fragment::Text(t) => self.encode_plain(t, &mut scratch, &mut out)?,
             }
         }
         if add_special && self.add_eos {
@@ -547,6 +543,23 @@ impl Tokenizer {
             }
         }
         Ok(out)
+    }
+
+    /// Text without special tokens: cut into words by the regex, each word's bytes merged by BPE.
+    fn encode_plain(
+        &self,
+        text: &str,
+        scratch: &mut BpeScratch,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
+        let mut words = PreTokenizedString::from(text);
+        self.split
+            .pre_tokenize(&mut words)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))?;
+        for (word, _, _) in words.get_splits(OffsetReferential::Original, OffsetType::None) {
+            self.bpe.encode_word(word.as_bytes(), scratch, out);
+        }
+        Ok(())
     }
 
     /// Tokenizes `text` without BOS/EOS (see [`Tokenizer::encode_with`]).
@@ -639,11 +652,64 @@ pub struct TokenizerIds {
 }
 
 /// Splits a GGUF merge `"a b"` at the first space after the first byte (llama.cpp's rule).
-fn parse_merge(m: &[u8]) -> Option<(String, String)> {
+fn parse_merge(m: &[u8]) -> Option<(&[u8], &[u8])> {
     let pos = m.iter().skip(1).position(|&b| b == b' ')? + 1;
-    let a = std::str::from_utf8(&m[..pos]).ok()?;
-    let b = std::str::from_utf8(&m[pos + 1..]).ok()?;
-    Some((a.to_string(), b.to_string()))
+    Some((&m[..pos], &m[pos + 1..]))
+}
+
+/// Token ids ordered by their string, ties by id (so the first of equal strings is the lowest id).
+fn sorted_by_text(texts: &ByteTable) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..texts.ends.len() as u32).collect();
+    ids.sort_unstable_by(|&a, &b| {
+        texts
+            .get(a as usize)
+            .cmp(texts.get(b as usize))
+            .then(a.cmp(&b))
+    });
+    ids
+}
+
+/// The merge table over ids: each merge's two parts and their concatenation must be tokens (as the
+/// `tokenizers` crate requires too). Where a string occurs twice in the vocabulary the first id counts.
+fn build_bpe<'m>(
+    texts: &ByteTable,
+    merges: impl Iterator<Item = &'m [u8]>,
+    n_merges: usize,
+) -> Result<Bpe, TokenizerError> {
+    let n = texts.ends.len();
+    let mut id_of: HashMap<&[u8], u32> = HashMap::with_capacity(n);
+    for i in 0..n {
+        id_of.entry(texts.get(i)).or_insert(i as u32);
+    }
+    let mut byte_ids = [u32::MAX; 256];
+    for (b, c) in byte_to_char_table().iter().enumerate() {
+        let mut buf = [0u8; 4];
+        if let Some(&id) = id_of.get(c.encode_utf8(&mut buf).as_bytes()) {
+            byte_ids[b] = id;
+        }
+    }
+    let mut table = Vec::with_capacity(n_merges);
+    let mut joined = Vec::with_capacity(64);
+    for (rank, m) in merges.enumerate() {
+        let show = || String::from_utf8_lossy(m).into_owned();
+        let (a, b) = parse_merge(m).ok_or_else(|| {
+            TokenizerError::Invalid(format!("merge {rank} {:?} is malformed", show()))
+        })?;
+        joined.clear();
+        joined.extend_from_slice(a);
+        joined.extend_from_slice(b);
+        let id = |t: &[u8]| {
+            id_of.get(t).copied().ok_or_else(|| {
+                TokenizerError::Invalid(format!(
+                    "merge {rank} {:?}: {:?} is not in the vocabulary",
+                    show(),
+                    String::from_utf8_lossy(t)
+                ))
+            })
+        };
+        table.push([id(a)?, id(b)?, rank as u32, id(&joined)?]);
+    }
+    Ok(Bpe::new(byte_ids, n, table))
 }
 
 /// Turns token ids into text as they are generated: emits only complete UTF-8, holding back the
@@ -738,11 +804,13 @@ mod tests {
 
     #[test]
     fn merge_split() {
-        assert_eq!(parse_merge(b"a b"), Some(("a".into(), "b".into())));
+        assert_eq!(parse_merge(b"a b"), Some((&b"a"[..], &b"b"[..])));
         assert_eq!(
             parse_merge("Ġ ĠĠ".as_bytes()),
-            Some(("Ġ".into(), "ĠĠ".into()))
+            Some(("Ġ".as_bytes(), "ĠĠ".as_bytes()))
         );
+        // A part may start with a space: the split is after the first byte.
+        assert_eq!(parse_merge(b"  a"), Some((&b" "[..], &b"a"[..])));
         assert_eq!(parse_merge(b"ab"), None);
     }
 
@@ -784,11 +852,10 @@ mod tests {
             TokenType::UserDefined,
             TokenType::Unused,
         ];
-        let merges = vec![("a".into(), "b".into()), ("ab".into(), "c".into())];
         Tokenizer::from_parts(
             &tokens,
             types,
-            merges,
+            &[("a", "b"), ("ab", "c")],
             "qwen35",
             TokenizerIds {
                 eos: Some(6),
