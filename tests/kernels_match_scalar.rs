@@ -947,3 +947,15 @@ fn quant_gemm_equals_quant_rows_bitwise() {
         }
     }
 }
+
+#[test]
+fn streamed_sum_is_the_plain_sum() {
+    let words: Vec<u64> = (0..10_000u64)
+        .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+        .collect();
+    for n in [0, 1, 7, 31, 32, 33, 100, 4096, 9_999, 10_000] {
+        let w = &words[..n];
+        let plain = w.iter().fold(0u64, |s, x| s.wrapping_add(*x));
+        assert_eq!(deltaq::kernels::sum_words_streamed(w), plain, "{n} words");
+    }
+}

@@ -215,12 +215,18 @@ const DECODE_ITEM_BYTES: usize = 256 << 10;
 /// [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
     if n_tokens == 1 {
-        let threads = rayon::current_num_threads().max(1);
-        let items = w.data.len().div_ceil(DECODE_ITEM_BYTES).div_ceil(threads) * threads;
-        w.n_out.div_ceil(items).next_multiple_of(4)
+        decode_rows_per_item(w.data.len(), w.n_out, rayon::current_num_threads())
     } else {
         ROW_BLOCK
     }
+}
+
+/// Rows per decode work item for a weight of `bytes` in `n_out` rows on `threads` threads (see
+/// [`DECODE_ITEM_BYTES`]); public so that the kernel benchmarks split a matrix as decoding does.
+pub fn decode_rows_per_item(bytes: usize, n_out: usize, threads: usize) -> usize {
+    let threads = threads.max(1);
+    let items = bytes.div_ceil(DECODE_ITEM_BYTES).div_ceil(threads) * threads;
+    n_out.div_ceil(items).next_multiple_of(4)
 }
 
 fn is_float(ty: GgmlType) -> bool {
