@@ -19,7 +19,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use deltaq::bench::{huge_region, sum_buffer};
+use deltaq::bench::{huge_region, sum_buffer, sum_words};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::quant::{self, GgmlType};
 use rayon::prelude::*;
@@ -277,17 +277,6 @@ fn membw(c: &mut Criterion) {
         }
     }
     g.finish();
-}
-
-/// Wrapping sum of `words`, one sequential stream.
-fn sum_words(words: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    for c in words.chunks_exact(8) {
-        for l in 0..8 {
-            acc[l] = acc[l].wrapping_add(c[l]);
-        }
-    }
-    acc.iter().fold(0u64, |s, v| s.wrapping_add(*v))
 }
 
 criterion_group!(benches, membw, matvec, matvec_hot, gemm);

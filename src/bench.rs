@@ -254,8 +254,9 @@ pub fn weight_sizes(f: &GgufFile, model: &Model) -> WeightSizes {
     s
 }
 
-/// Best read bandwidth in bytes/s of `passes` parallel streaming reads over a `bytes`-sized buffer,
-/// split evenly over the threads of the current rayon pool.
+/// Best read bandwidth in bytes/s of `passes` rounds of parallel streaming reads over a `bytes`-sized
+/// buffer, split evenly over the threads of the current rayon pool; each round reads it both ways
+/// (one plain stream, and [`crate::kernels::sum_words_streamed`]).
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     let n = (bytes / 8).max(1 << 12);
     let Ok(map) = sum_buffer(n) else {
@@ -265,11 +266,18 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     let threads = rayon::current_num_threads().max(1);
     let chunk = n.div_ceil(threads);
     let mut best = 0f64;
-    for _ in 0..passes.max(1) {
+    // Each pass reads the buffer twice, as one plain stream per thread and as the decode kernels read
+    // weights (four streams with software prefetch on x86-64), which can be the faster of the two.
+    for pass in 0..2 * passes.max(1) {
+        let read = if pass % 2 == 0 {
+            sum_words
+        } else {
+            crate::kernels::sum_words_streamed
+        };
         let t0 = Instant::now();
         let sum: u64 = buf
             .par_chunks(chunk)
-            .map(sum_words)
+            .map(read)
             .reduce(|| 0, u64::wrapping_add);
         let secs = t0.elapsed().as_secs_f64();
         std::hint::black_box(sum);
@@ -336,7 +344,8 @@ pub fn huge_page_share(addr: usize) -> Option<f64> {
 
 /// Sum of the words with eight independent accumulators, which compilers vectorize: a read loop that
 /// is bound by memory, not by the adds.
-fn sum_words(v: &[u64]) -> u64 {
+/// Wrapping sum of `v`, one plain sequential stream.
+pub fn sum_words(v: &[u64]) -> u64 {
     let mut acc = [0u64; 8];
     let mut it = v.chunks_exact(8);
     for c in &mut it {
