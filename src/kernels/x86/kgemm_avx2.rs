@@ -16,7 +16,7 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
-use super::{read_f32, read_u32};
+use super::{read_f32, read_u32, PanelPrefetch};
 use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a ymm).
@@ -67,11 +67,19 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
             unpack::<K>(wp.add(r0 * rb), rb, rows, b, blk);
         }
         let panel = &panel[..nb];
+        // The next panel's rows stream into L2 while this one is multiplied, 4 tokens at a time.
+        // After the last panel those are the rows past this call's, which `matmul`'s next work item
+        // (usually run next by the same thread) starts with; past the matrix's end they are never read
+        // (prefetches do not fault).
+        let mut prefetch =
+            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * K::WB);
+        let per_tile = prefetch.left().div_ceil(n_tok.div_ceil(4));
         // Token t's 8 results go to its output row at column r0 (`token_ptr` checks t).
         let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
         let mut t = 0;
         while t + 4 <= n_tok {
             let dst = core::array::from_fn(|i| o(t + i));
+            prefetch.step(per_tile);
             tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, rows);
             t += 4;
         }
@@ -83,6 +91,7 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
         if t < n_tok {
             tile::<K, 1>(panel, [arow(t)], [o(t)], rows);
         }
+        prefetch.step(usize::MAX);
         r0 += rows;
     }
     PANEL.set(panel);
