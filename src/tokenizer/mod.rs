@@ -340,7 +340,15 @@ impl Tokenizer {
                 .map_err(|_| TokenizerError::Invalid("a token is not valid UTF-8".into()))
         });
         let tables = Tables::build(texts, n, types)?;
-        Self::finish(tables, merge_strings, merges_view.len, pre, ids)
+        let merges = merge_strings.enumerate().map(|(rank, m)| {
+            parse_merge(m).ok_or_else(|| {
+                TokenizerError::Invalid(format!(
+                    "merge {rank} {:?} is malformed",
+                    String::from_utf8_lossy(m)
+                ))
+            })
+        });
+        Self::finish(tables, merges, merges_view.len, pre, ids)
     }
 
     /// Builds the tokenizer from its parts: token strings (byte-level encoded, as in GGUF), token
@@ -353,20 +361,14 @@ impl Tokenizer {
         ids: TokenizerIds,
     ) -> Result<Tokenizer, TokenizerError> {
         let tables = Tables::build(tokens.iter().map(|s| Ok(*s)), tokens.len(), types)?;
-        let joined: Vec<String> = merges.iter().map(|(a, b)| format!("{a} {b}")).collect();
-        Self::finish(
-            tables,
-            joined.iter().map(|m| m.as_bytes()),
-            merges.len(),
-            pre,
-            ids,
-        )
+        let pairs = merges.iter().map(|(a, b)| Ok((a.as_bytes(), b.as_bytes())));
+        Self::finish(tables, pairs, merges.len(), pre, ids)
     }
 
-    /// `merges`: the GGUF merge strings, `"left right"`, best first.
+    /// `merges`: the merges' two parts, best first.
     fn finish<'m>(
         tables: Tables,
-        merges: impl Iterator<Item = &'m [u8]>,
+        merges: impl Iterator<Item = Result<(&'m [u8], &'m [u8]), TokenizerError>>,
         n_merges: usize,
         pre: &str,
         ids: TokenizerIds,
@@ -673,7 +675,7 @@ fn sorted_by_text(texts: &ByteTable) -> Vec<u32> {
 /// `tokenizers` crate requires too). Where a string occurs twice in the vocabulary the first id counts.
 fn build_bpe<'m>(
     texts: &ByteTable,
-    merges: impl Iterator<Item = &'m [u8]>,
+    merges: impl Iterator<Item = Result<(&'m [u8], &'m [u8]), TokenizerError>>,
     n_merges: usize,
 ) -> Result<Bpe, TokenizerError> {
     let n = texts.ends.len();
@@ -690,19 +692,17 @@ fn build_bpe<'m>(
     }
     let mut table = Vec::with_capacity(n_merges);
     let mut joined = Vec::with_capacity(64);
-    for (rank, m) in merges.enumerate() {
-        let show = || String::from_utf8_lossy(m).into_owned();
-        let (a, b) = parse_merge(m).ok_or_else(|| {
-            TokenizerError::Invalid(format!("merge {rank} {:?} is malformed", show()))
-        })?;
+    for (rank, merge) in merges.enumerate() {
+        let (a, b) = merge?;
         joined.clear();
         joined.extend_from_slice(a);
         joined.extend_from_slice(b);
         let id = |t: &[u8]| {
             id_of.get(t).copied().ok_or_else(|| {
                 TokenizerError::Invalid(format!(
-                    "merge {rank} {:?}: {:?} is not in the vocabulary",
-                    show(),
+                    "merge {rank} \"{} {}\": {:?} is not in the vocabulary",
+                    String::from_utf8_lossy(a),
+                    String::from_utf8_lossy(b),
                     String::from_utf8_lossy(t)
                 ))
             })
@@ -863,6 +863,34 @@ mod tests {
             },
         )
         .unwrap()
+    }
+
+    #[test]
+    fn merges_outside_the_vocabulary_are_errors() {
+        let types = vec![TokenType::Normal; 3];
+        let err = Tokenizer::from_parts(
+            &["a", "b", "ab"],
+            types.clone(),
+            &[("a", "c")],
+            "qwen35",
+            TokenizerIds::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("merge 0 \"a c\": \"c\" is not in the vocabulary"),
+            "{err}"
+        );
+        let err = Tokenizer::from_parts(
+            &["a", "b"],
+            types[..2].to_vec(),
+            &[("a", "b")],
+            "qwen35",
+            TokenizerIds::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("\"ab\" is not in the vocabulary"), "{err}");
     }
 
     #[test]
