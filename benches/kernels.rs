@@ -19,7 +19,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use deltaq::bench::{huge_region, sum_buffer, sum_words};
+use deltaq::bench::{huge_region, sum_buffer};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::quant::{self, GgmlType};
 use rayon::prelude::*;
@@ -262,7 +262,10 @@ fn membw(c: &mut Criterion) {
         // streams with software prefetch, `kernels::sum_words_streamed`), which reads faster on some
         // machines: the matvec figures are compared with the higher of the two.
         for (name, sum) in [
-            (format!("{threads}t"), sum_words as fn(&[u64]) -> u64),
+            (
+                format!("{threads}t"),
+                kernels::sum_words as fn(&[u64]) -> u64,
+            ),
             (format!("{threads}t-prefetch"), kernels::sum_words_streamed),
         ] {
             g.bench_function(name, |b| {

@@ -19,6 +19,7 @@ use anyhow::{bail, Result};
 use rayon::prelude::*;
 
 use crate::gguf::GgufFile;
+use crate::kernels;
 use crate::model::{KvType, Model, Session};
 
 /// What a test runs.
@@ -256,7 +257,7 @@ pub fn weight_sizes(f: &GgufFile, model: &Model) -> WeightSizes {
 
 /// Best read bandwidth in bytes/s of `passes` rounds of parallel streaming reads over a `bytes`-sized
 /// buffer, split evenly over the threads of the current rayon pool; each round reads it both ways
-/// (one plain stream, and [`crate::kernels::sum_words_streamed`]).
+/// ([`kernels::sum_words`] and [`kernels::sum_words_streamed`]).
 pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     let n = (bytes / 8).max(1 << 12);
     let Ok(map) = sum_buffer(n) else {
@@ -270,9 +271,9 @@ pub fn read_bandwidth(bytes: usize, passes: usize) -> f64 {
     // weights (four streams with software prefetch on x86-64), which can be the faster of the two.
     for pass in 0..2 * passes.max(1) {
         let read = if pass % 2 == 0 {
-            sum_words
+            kernels::sum_words
         } else {
-            crate::kernels::sum_words_streamed
+            kernels::sum_words_streamed
         };
         let t0 = Instant::now();
         let sum: u64 = buf
@@ -311,50 +312,41 @@ pub fn sum_buffer(words: usize) -> std::io::Result<memmap2::MmapMut> {
 /// (`FilePmdMapped` + `AnonHugePages` over `Rss` in /proc/self/smaps), or `None` where that is not known
 /// (not Linux, or nothing resident).
 pub fn huge_page_share(addr: usize) -> Option<f64> {
+    let fields = mapping_kb(addr)?;
+    let kb = |name: &str| fields.iter().find(|(n, _)| n == name).map_or(0, |f| f.1);
+    let (rss, huge) = (kb("Rss"), kb("FilePmdMapped") + kb("AnonHugePages"));
+    (rss > 0).then(|| huge as f64 / rss as f64)
+}
+
+/// The `kB` fields (`Rss`, `AnonHugePages`, ...) of the mapping that holds `addr`, from
+/// /proc/self/smaps; `None` where no mapping holds it or there is no such file (not Linux).
+pub fn mapping_kb(addr: usize) -> Option<Vec<(String, u64)>> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
-    let (mut rss, mut huge) = (0u64, 0u64);
+    let mut fields = None;
     for line in smaps.lines() {
         let first = line.split_whitespace().next().unwrap_or("");
         if let Some((lo, hi)) = first.split_once('-') {
             if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
             {
-                if inside {
+                if fields.is_some() {
                     break; // the VMA after ours
                 }
-                inside = (lo..hi).contains(&addr);
+                if (lo..hi).contains(&addr) {
+                    fields = Some(Vec::new());
+                }
                 continue;
             }
         }
-        if !inside {
+        let (Some(fields), Some((name, rest))) = (fields.as_mut(), line.split_once(':')) else {
             continue;
-        }
-        let kb = |field: &str| -> Option<u64> {
-            let rest = line.strip_prefix(field)?.strip_prefix(':')?;
-            rest.trim().trim_end_matches("kB").trim().parse().ok()
         };
-        if let Some(v) = kb("Rss") {
-            rss = v;
-        } else if let Some(v) = kb("FilePmdMapped").or_else(|| kb("AnonHugePages")) {
-            huge += v;
+        if let Some(kb) = rest.trim().strip_suffix("kB") {
+            if let Ok(kb) = kb.trim().parse() {
+                fields.push((name.to_string(), kb));
+            }
         }
     }
-    (rss > 0).then(|| huge as f64 / rss as f64)
-}
-
-/// Sum of the words with eight independent accumulators, which compilers vectorize: a read loop that
-/// is bound by memory, not by the adds.
-/// Wrapping sum of `v`, one plain sequential stream.
-pub fn sum_words(v: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    let mut it = v.chunks_exact(8);
-    for c in &mut it {
-        for (a, x) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(*x);
-        }
-    }
-    let tail = it.remainder().iter().fold(0u64, |a, x| a.wrapping_add(*x));
-    acc.iter().fold(tail, |a, x| a.wrapping_add(*x))
+    fields
 }
 
 /// A `kB` field of `/proc/self/status` (e.g. `VmHWM`, the peak resident set), in bytes; `None` where
@@ -404,7 +396,7 @@ mod tests {
 
     #[test]
     fn bandwidth_is_positive_and_sums_are_exact() {
-        assert_eq!(sum_words(&(1..=20).collect::<Vec<u64>>()), 210);
+        assert_eq!(kernels::sum_words(&(1..=20).collect::<Vec<u64>>()), 210);
         assert!(read_bandwidth(1 << 20, 2) > 0.0);
     }
 

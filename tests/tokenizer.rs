@@ -558,23 +558,12 @@ fn cli_tokenize() {
 /// Resident kB of this process's mapping that contains `addr` (Linux `/proc/self/smaps`).
 #[cfg(target_os = "linux")]
 fn mapping_rss_kb(addr: usize) -> u64 {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
-    let mut inside = false;
-    for line in smaps.lines() {
-        let head = line.split_whitespace().next().unwrap_or("");
-        if let Some((a, b)) = head.split_once('-') {
-            if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                inside = (a..b).contains(&addr);
-                continue;
-            }
-        }
-        if inside {
-            if let Some(kb) = line.strip_prefix("Rss:") {
-                return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
-            }
-        }
-    }
-    panic!("no mapping contains {addr:#x}");
+    let fields = deltaq::bench::mapping_kb(addr).expect("a mapping holds the address");
+    fields
+        .iter()
+        .find(|(n, _)| n == "Rss")
+        .expect("an Rss field")
+        .1
 }
 
 #[test]

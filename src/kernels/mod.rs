@@ -17,11 +17,25 @@ mod x86;
 pub use dispatch::{available, by_isa, kernels, GemmOut, Isa, Kernels, OpsFns, QuantGemm};
 pub use matmul::{can_multiply, decode_rows_per_item, matmul, matmuls, Weight};
 
-/// Wrapping sum of `words`, read as the decode kernels read weights (on x86-64 four streams with
-/// software prefetch; elsewhere one plain stream): a memory-bandwidth probe for the benchmarks.
+/// Wrapping sum of `words`, one plain sequential stream with eight independent accumulators, which
+/// compilers vectorize: a read loop bound by memory, not by the adds (a memory-bandwidth probe).
+pub fn sum_words(words: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut it = words.chunks_exact(8);
+    for c in &mut it {
+        for (a, x) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(*x);
+        }
+    }
+    let tail = it.remainder().iter().fold(0u64, |a, x| a.wrapping_add(*x));
+    acc.iter().fold(tail, |a, x| a.wrapping_add(*x))
+}
+
+/// [`sum_words`] read as the decode kernels read weights (on x86-64 four streams with software
+/// prefetch; elsewhere the plain stream): the second memory-bandwidth probe.
 pub fn sum_words_streamed(words: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     return x86::sum_words_prefetched(words);
     #[cfg(not(target_arch = "x86_64"))]
-    words.iter().fold(0u64, |s, w| s.wrapping_add(*w))
+    sum_words(words)
 }
