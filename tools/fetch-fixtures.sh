@@ -45,3 +45,13 @@ done
 copy tiny-kjv/hf/config.json tiny-kjv/hf/generation_config.json tiny-kjv/hf/model.safetensors
 copy tiny-kjv/golden/tokens.npy tiny-kjv/golden/logits.npy tiny-kjv/golden/layer_outputs.npy \
   tiny-kjv/golden/embeddings.npy tiny-kjv/golden/final_hidden.npy
+
+# tiny-kjv-mtp: tiny-kjv with a trained MTP block: checkpoint, llama.cpp's quantized files and the
+# float64 goldens of the block (tests/mtp.rs).
+copy tiny-kjv-mtp/hf/config.json tiny-kjv-mtp/hf/generation_config.json tiny-kjv-mtp/hf/model.safetensors \
+  tiny-kjv-mtp/hf/tokenizer.json tiny-kjv-mtp/hf/tokenizer_config.json \
+  tiny-kjv-mtp/tiny-kjv-mtp-Q8_0.gguf tiny-kjv-mtp/tiny-kjv-mtp-Q4_K_M.gguf
+for g in tokens trunk_hidden mtp_logits mtp_activations chain_starts chain_tokens chain_logits chain_hidden \
+  llama_q8_0_mtp_logits; do
+  copy "tiny-kjv-mtp/golden/$g.npy"
+done

@@ -128,6 +128,25 @@ impl<T: KvElem> KvPaged<T> {
         }
     }
 
+    /// Keeps the first `len` positions (a speculative rollback); pages past them stay allocated,
+    /// emptied, for the positions to come.
+    fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let keep = len.div_ceil(KV_PAGE);
+        for pages in [&mut self.k, &mut self.v] {
+            for (ip, page) in pages.iter_mut().enumerate() {
+                if ip >= keep {
+                    page.clear();
+                } else if ip + 1 == keep {
+                    page.truncate((len - ip * KV_PAGE) * self.row);
+                }
+            }
+        }
+        self.len = len;
+    }
+
     /// Forgets every position and keeps the pages (emptied) for the positions to come: a cleared
     /// cache refills without allocating, as llama.cpp's preallocated one does.
     fn clear(&mut self) {
@@ -190,6 +209,14 @@ impl KvCache {
         self.len() == 0
     }
 
+    /// Positions the cache may grow to.
+    pub fn n_ctx(&self) -> usize {
+        match self {
+            KvCache::F16(c) => c.n_ctx,
+            KvCache::F32(c) => c.n_ctx,
+        }
+    }
+
     /// Bytes allocated for keys and values.
     pub fn bytes(&self) -> usize {
         match self {
@@ -202,6 +229,14 @@ impl KvCache {
         match self {
             KvCache::F16(c) => c.push(k, v),
             KvCache::F32(c) => c.push(k, v),
+        }
+    }
+
+    /// Keeps the first `len` positions.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        match self {
+            KvCache::F16(c) => c.truncate(len),
+            KvCache::F32(c) => c.truncate(len),
         }
     }
 

@@ -35,6 +35,33 @@ impl DeltaState {
     }
 }
 
+/// The states after each token but the last of a multi-token call (the state after the last one is
+/// the live state), so that a speculative verification can roll back to any of its tokens without
+/// running them again. Buffers are reused from call to call.
+#[derive(Debug, Default)]
+pub struct Checkpoints {
+    /// Tokens saved (the call's `T − 1`).
+    n: usize,
+    /// `[T−1][C·(K−1)]`: the conv state after token t.
+    conv: Vec<f32>,
+    /// `[Hv][T−1][dv·dk]`: head h's recurrent state after token t (head-major, so that every head's
+    /// task writes a contiguous part).
+    s: Vec<f32>,
+}
+
+impl Checkpoints {
+    /// Puts `st` back to the state after token `t` of the call that saved these.
+    pub fn restore(&self, st: &mut DeltaState, t: usize, hp: &HParams) {
+        assert!(t < self.n, "checkpoint {t} of {}", self.n);
+        let cs = st.conv.len();
+        st.conv.copy_from_slice(&self.conv[t * cs..][..cs]);
+        let head = hp.d_v * hp.d_k;
+        for (h, dst) in st.s.chunks_exact_mut(head).enumerate() {
+            dst.copy_from_slice(&self.s[(h * self.n + t) * head..][..head]);
+        }
+    }
+}
+
 /// Which form of the delta rule a multi-token call uses (single tokens are always recurrent).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum DeltaMode {
@@ -44,6 +71,9 @@ pub enum DeltaMode {
 }
 
 /// `a`: `[T × d]` normed inputs; writes the block output `[T × d]` to `out`.
+/// With `save`, the call runs token by token and keeps the state after each token but the last there
+/// ([`Checkpoints`]).
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &DeltaNetWeights,
     hp: &HParams,
@@ -52,6 +82,7 @@ pub fn forward(
     a: &[f32],
     out: &mut [f32],
     arena: &mut Vec<f32>,
+    mut save: Option<&mut Checkpoints>,
 ) {
     let n_tok = a.len() / hp.n_embd;
     let (hk, hv, dk, dv) = (hp.n_k_heads, hp.n_v_heads, hp.d_k, hp.d_v);
@@ -89,6 +120,25 @@ pub fn forward(
 
     // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
     conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, win, y);
+    let mode = match save.as_deref_mut() {
+        Some(cp) => {
+            // The conv state after token t is the window's K−1 inputs ending at t.
+            cp.n = n_tok - 1;
+            let cs = st.conv.len();
+            super::grow(&mut cp.conv, cp.n * cs);
+            super::grow(&mut cp.s, hv * cp.n * dv * dk);
+            for t in 0..cp.n {
+                let dst = &mut cp.conv[t * cs..][..cs];
+                for ch in 0..c {
+                    for i in 0..ks {
+                        dst[ch * ks + i] = win[(t + 1 + i) * c + ch];
+                    }
+                }
+            }
+            DeltaMode::Recurrent
+        }
+        None => mode,
+    };
 
     // Rows of y are [q: Hk × dk | k: Hk × dk | v: Hv × dv]; L2-norm q and k per head in place, q scaled
     // by 1/√dk.
@@ -129,10 +179,19 @@ pub fn forward(
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
     let (o_heads, n) = win_space.split_at_mut(hv * n_tok * dv); // [Hv × T × dv]
+    let saved = save.map(|cp| {
+        let len = cp.n * dv * dk;
+        (&mut cp.s[..hv * len], len)
+    });
+    let mut saved_heads: Vec<Option<&mut [f32]>> = match saved {
+        Some((s, len)) if len > 0 => s.chunks_mut(len).map(Some).collect(),
+        _ => (0..hv).map(|_| None).collect(),
+    };
     st.s.par_chunks_mut(dv * dk)
         .zip(o_heads.par_chunks_mut(n_tok * dv))
+        .zip(saved_heads.par_iter_mut())
         .enumerate()
-        .for_each(|(h, (s, o))| {
+        .for_each(|(h, ((s, o), saved))| {
             let kh = h % hk;
             let heads = Head {
                 q: &q[kh * n_tok * dk..][..n_tok * dk],
@@ -143,8 +202,9 @@ pub fn forward(
                 dk,
                 dv,
             };
-            match mode {
-                DeltaMode::Chunked if n_tok > 1 => chunked(s, &heads, CHUNK, o),
+            match (mode, saved) {
+                (_, Some(saved)) => recurrent_saving(s, &heads, o, saved),
+                (DeltaMode::Chunked, None) if n_tok > 1 => chunked(s, &heads, CHUNK, o),
                 _ => recurrent(s, &heads, o),
             }
         });
@@ -229,6 +289,33 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
         let o = &mut out[t * dv..][..dv];
         delta_step(m, q, k, v, x.g[t].exp(), x.beta[t], o);
     }
+}
+
+/// [`recurrent`], copying the state after each token but the last to `saved` (`[T−1][dv·dk]`).
+fn recurrent_saving(m: &mut [f32], x: &Head, out: &mut [f32], saved: &mut [f32]) {
+    let (dv, n_tok) = (x.dv, x.g.len());
+    for (t, dst) in saved.chunks_exact_mut(m.len()).enumerate() {
+        let one = Head {
+            q: &x.q[t * x.dk..][..x.dk],
+            k: &x.k[t * x.dk..][..x.dk],
+            v: &x.v[t * dv..][..dv],
+            g: &x.g[t..t + 1],
+            beta: &x.beta[t..t + 1],
+            ..*x
+        };
+        recurrent(m, &one, &mut out[t * dv..][..dv]);
+        dst.copy_from_slice(m);
+    }
+    let t = n_tok - 1;
+    let last = Head {
+        q: &x.q[t * x.dk..][..x.dk],
+        k: &x.k[t * x.dk..][..x.dk],
+        v: &x.v[t * dv..][..dv],
+        g: &x.g[t..],
+        beta: &x.beta[t..],
+        ..*x
+    };
+    recurrent(m, &last, &mut out[t * dv..][..dv]);
 }
 
 /// The chunked (WY / UT-transform) form of the same recurrence, spec §4, chunks of `chunk` tokens

@@ -24,7 +24,8 @@ pub struct HParams {
     pub n_layer_all: usize,
     pub n_ctx_train: usize,
     pub kinds: Vec<LayerKind>,
-    /// Per layer (the keys may be scalars or per-layer arrays).
+    /// Per layer, MTP blocks included (`n_layer_all` entries; the keys may be scalars or per-layer
+    /// arrays).
     pub n_ff: Vec<usize>,
     pub n_head: Vec<usize>,
     pub n_head_kv: Vec<usize>,
@@ -69,11 +70,13 @@ impl HParams {
         );
         let n_layer = n_layer_all - nextn;
 
+        // Entries for every block, MTP included; an array that covers only the trunk gives the MTP
+        // block its last entry.
         let per_layer = |k: &str, default: Option<usize>| -> Result<Vec<usize>> {
             let name = key(k);
             match f.get(&name) {
                 None => default
-                    .map(|d| vec![d; n_layer])
+                    .map(|d| vec![d; n_layer_all])
                     .with_context(|| format!("missing metadata key '{name}'")),
                 Some(v) => match v.as_array() {
                     Some(a) => {
@@ -81,13 +84,15 @@ impl HParams {
                             format!("metadata '{name}' is not an integer array")
                         })?;
                         ensure!(
-                            ints.len() >= n_layer,
+                            ints.len() >= n_layer.max(1),
                             "metadata '{name}' has {} entries for {n_layer} layers",
                             ints.len()
                         );
-                        Ok(ints[..n_layer].iter().map(|&i| i.max(0) as usize).collect())
+                        Ok((0..n_layer_all)
+                            .map(|il| ints[il.min(ints.len() - 1)].max(0) as usize)
+                            .collect())
                     }
-                    None => Ok(vec![req(k)?; n_layer]),
+                    None => Ok(vec![req(k)?; n_layer_all]),
                 },
             }
         };
@@ -193,8 +198,9 @@ impl HParams {
             self.head_dim
         );
         ensure!(self.conv_kernel >= 1, "ssm.conv_kernel must be ≥ 1");
-        for il in 0..self.n_layer {
-            if self.kinds[il] == LayerKind::Attention {
+        for il in 0..self.n_layer_all {
+            // MTP blocks (il ≥ n_layer) are full attention.
+            if il >= self.n_layer || self.kinds[il] == LayerKind::Attention {
                 let (h, kv) = (self.n_head[il], self.n_head_kv[il]);
                 ensure!(
                     h > 0 && kv > 0 && h.is_multiple_of(kv),
@@ -211,6 +217,12 @@ impl HParams {
             );
         }
         Ok(())
+    }
+
+    /// Whether the file carries a multi-token-prediction block (`nextn_predict_layers` > 0); its layer
+    /// index is `n_layer`.
+    pub fn has_mtp(&self) -> bool {
+        self.n_layer_all > self.n_layer
     }
 
     /// DeltaNet conv channels: q and k (`Hk·dk` each) then v (`Hv·dv`).

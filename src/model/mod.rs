@@ -15,6 +15,7 @@ pub mod attention;
 pub mod deltanet;
 pub mod ffn;
 pub mod hparams;
+pub mod mtp;
 pub mod weights;
 
 use anyhow::{bail, Result};
@@ -23,13 +24,15 @@ use rayon::prelude::*;
 pub use attention::{KvType, KV_PAGE};
 pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
+pub use mtp::{DraftStats, Drafter};
 pub use weights::Weights;
 
 use crate::gguf::GgufFile;
 use crate::kernels::matmul;
 use crate::kernels::ops::rms_norm;
 use attention::KvCache;
-use deltanet::DeltaState;
+use deltanet::{Checkpoints, DeltaState};
+use mtp::MtpState;
 
 /// Tokens processed per pass through the layers: bounds the scratch memory of long prompts. 256 rather
 /// than llama.cpp's 512: the matmuls work in blocks of 64 tokens either way, so the speed is the same
@@ -70,6 +73,15 @@ enum Logits {
     None,
 }
 
+/// A pass through the trunk: which logits, and whether it is a speculative verification (DeltaNet
+/// states saved after every token, final-normed hidden rows kept, the MTP rows left to
+/// [`Session::settle`]).
+#[derive(Clone, Copy)]
+struct Pass {
+    logits: Logits,
+    verify: bool,
+}
+
 /// One sequence being decoded. Cloning it snapshots the whole state (KV cache and recurrent states).
 #[derive(Clone)]
 pub struct Session<'m> {
@@ -82,6 +94,42 @@ pub struct Session<'m> {
     scratch: Scratch,
     /// Delta-rule form for multi-token calls (tests compare the two).
     pub delta_mode: DeltaMode,
+    /// The MTP block's state, when drafting is enabled on this session ([`Session::enable_mtp`]).
+    mtp: Option<MtpState>,
+    /// The verified speculative step whose tokens are not all consumed yet ([`Session::step`]).
+    spec: Speculation,
+    /// Trunk positions computed so far, rolled-back ones included (tests count them).
+    pub evaluated: u64,
+}
+
+/// One speculative step, after its verification pass over `[x_n, d_1, …, d_k]` at positions
+/// `base..=base+k`: the trunk has run all of them; `next` of the drafts are consumed so far.
+#[derive(Default)]
+struct Speculation {
+    active: bool,
+    base: usize,
+    /// `[x_n, d_1, …, d_k]`.
+    tokens: Vec<u32>,
+    next: usize,
+    /// `[(k+1) × V]`: the target's logits at each position.
+    logits: Vec<f32>,
+    /// `[(k+1) × d]`: the trunk's final-normed hidden rows.
+    hidden: Vec<f32>,
+    /// Per layer: the DeltaNet states after each of the step's tokens.
+    ckpt: Vec<Checkpoints>,
+    /// Seconds the draft and the verification took.
+    secs: f64,
+}
+
+/// A snapshot holds no step in flight ([`Session::settle`] comes first): buffers are not state.
+impl Clone for Speculation {
+    fn clone(&self) -> Speculation {
+        debug_assert!(
+            !self.active,
+            "a session is cloned with a speculative step in flight"
+        );
+        Speculation::default()
+    }
 }
 
 impl<'m> Session<'m> {
@@ -121,13 +169,163 @@ impl<'m> Session<'m> {
             layers,
             scratch: Scratch::default(),
             delta_mode: DeltaMode::default(),
+            mtp: None,
+            spec: Speculation::default(),
+            evaluated: 0,
         }
+    }
+
+    /// Turns on multi-token prediction for this sequence: from now on every pass also fills the MTP
+    /// block's KV cache (the prompt's too), so that [`Session::step`] can draft. Only before the first
+    /// token: the rows need the trunk's hidden states of every position.
+    pub fn enable_mtp(&mut self) -> Result<()> {
+        if self.mtp.is_some() {
+            return Ok(());
+        }
+        if self.pos > 0 {
+            bail!("drafting must be enabled before the first token of a sequence");
+        }
+        self.mtp = Some(MtpState::new(self.model, self.n_ctx, self.kv_type)?);
+        Ok(())
+    }
+
+    /// Whether this session drafts with the MTP block.
+    pub fn has_mtp(&self) -> bool {
+        self.mtp.is_some()
+    }
+
+    /// Feeds `id`, the token just sampled, and returns the logits for the next position, drafting and
+    /// verifying ahead with the MTP block as `drafter` decides (self-speculative decoding, spec §7).
+    ///
+    /// A step drafts `d_1..d_k` after `id` and runs the trunk once over `[id, d_1, …, d_k]`; the
+    /// logits of all those positions are kept. The caller samples from what this returns exactly as
+    /// in plain decoding: while its samples equal the drafts, the next calls return the verified
+    /// logits without running anything; the first sample that differs rolls the sequence back to the
+    /// last token it agreed with (KV caches cut, DeltaNet states restored from the verification's
+    /// per-token copies: no token is computed twice) and starts the next step. The output is
+    /// therefore exactly plain decoding's; only the work differs.
+    pub fn step(&mut self, id: u32, drafter: &mut Drafter) -> Result<&[f32]> {
+        if self.spec.active {
+            let la = &mut self.spec;
+            if la.next + 1 < la.tokens.len() && la.tokens[la.next + 1] == id {
+                la.next += 1;
+                drafter.stats.accepted += 1;
+                let (v, next) = (self.model.n_vocab(), la.next);
+                return Ok(&self.spec.logits[next * v..][..v]);
+            }
+            self.settle_with(Some(drafter))?;
+        }
+        // Drafts must leave room for themselves and the token after them.
+        let room = self.n_ctx.saturating_sub(self.pos + 1);
+        let k = drafter.plan().min(room);
+        if k == 0 || self.mtp.is_none() {
+            let t0 = std::time::Instant::now();
+            self.forward_last_ref(&[id])?;
+            drafter.record_plain(t0.elapsed().as_secs_f64());
+            return Ok(&self.scratch.logits[..self.model.n_vocab()]);
+        }
+        let t0 = std::time::Instant::now();
+        let drafts = self.draft(id, k, drafter.p_min, drafter.vocab)?;
+        if drafts.is_empty() {
+            // Nothing confident enough to draft: a plain step (the MTP row of `id` is already in).
+            self.forward_last_ref(&[id])?;
+            return Ok(&self.scratch.logits[..self.model.n_vocab()]);
+        }
+        let mut tokens = std::mem::take(&mut self.spec.tokens);
+        tokens.clear();
+        tokens.push(id);
+        tokens.extend_from_slice(&drafts);
+        let mut logits = std::mem::take(&mut self.spec.logits);
+        logits.clear();
+        let base = self.pos;
+        let done = self.run_pass(&tokens, Logits::All, true, &mut |_, _, _| {}, &mut logits);
+        self.spec.tokens = tokens;
+        self.spec.logits = logits;
+        done?;
+        drafter.stats.proposed += drafts.len() as u64;
+        drafter.stats.steps += 1;
+        self.spec.active = true;
+        self.spec.base = base;
+        self.spec.next = 0;
+        self.spec.secs = t0.elapsed().as_secs_f64();
+        Ok(&self.spec.logits[..self.model.n_vocab()])
+    }
+
+    /// Ends a speculative step in flight: the drafts not consumed are rolled back, so that the session
+    /// holds exactly the tokens fed (before a snapshot, or when generation stops). A no-op otherwise.
+    pub fn settle(&mut self) -> Result<()> {
+        self.settle_with(None)
+    }
+
+    fn settle_with(&mut self, drafter: Option<&mut Drafter>) -> Result<()> {
+        if !self.spec.active {
+            return Ok(());
+        }
+        self.spec.active = false;
+        let hp = &self.model.hp;
+        let la = &self.spec;
+        let (base, a, k) = (la.base, la.next, la.tokens.len() - 1);
+        if let Some(dr) = drafter {
+            dr.record_spec(a, la.secs);
+        }
+        // Keep [x_n, d_1..d_a]: positions base..=base+a.
+        if a < k {
+            for (il, st) in self.layers.iter_mut().enumerate() {
+                match st {
+                    LayerState::Attention(kv) => kv.truncate(base + a + 1),
+                    LayerState::DeltaNet(ds) => la.ckpt[il].restore(ds, a, hp),
+                }
+            }
+        }
+        self.pos = base + a + 1;
+        if let Some(m) = &mut self.mtp {
+            // The draft rows after x_n's (teacher-forced) one go; the accepted tokens' rows are made
+            // from the trunk's hidden states.
+            m.truncate(base + 1);
+            let d = hp.n_embd;
+            m.push(base, &la.tokens[..=a], &la.hidden[..(a + 1) * d], d);
+        }
+        Ok(())
+    }
+
+    /// Drafts up to `k` tokens after `first` (the token about to be fed at position `pos`): the MTP row
+    /// (`first`, h_{pos−1}) at position `pos`, then rows fed their own drafts and outputs, stopping
+    /// early when the top draft probability is below `p_min`. Drafts come from the first `vocab` rows
+    /// of the LM head. Leaves the draft rows in the MTP cache (the step's settle cuts them).
+    pub fn draft(&mut self, first: u32, k: usize, p_min: f32, vocab: usize) -> Result<Vec<u32>> {
+        let model = self.model;
+        let Some(m) = &mut self.mtp else {
+            bail!("drafting is not enabled on this session");
+        };
+        debug_assert_eq!(
+            m.rows(),
+            self.pos,
+            "MTP rows and trunk positions out of step"
+        );
+        let mut drafts = Vec::with_capacity(k);
+        let mut h = m.first_row(model, first)?.to_vec();
+        for i in 0..k {
+            let (d, p) = m.top(model, &h, vocab, p_min > 0.0);
+            if p < p_min {
+                break;
+            }
+            drafts.push(d);
+            if i + 1 < k {
+                let y = m.forward(model, &[d], &h)?.to_vec();
+                h = y;
+            }
+        }
+        Ok(drafts)
     }
 
     /// Back to an empty sequence, keeping what was allocated (KV cache pages, activation buffers), as
     /// llama.cpp's `llama_memory_clear` does: the next prompt runs without allocating or faulting in
     /// fresh pages.
     pub fn clear(&mut self) {
+        self.spec.active = false;
+        if let Some(m) = &mut self.mtp {
+            m.clear();
+        }
         self.pos = 0;
         for l in &mut self.layers {
             match l {
@@ -140,9 +338,12 @@ impl<'m> Session<'m> {
         }
     }
 
-    /// Tokens processed so far.
+    /// Tokens processed so far (a speculative step's drafts count once consumed).
     pub fn pos(&self) -> usize {
-        self.pos
+        match self.spec.active {
+            true => self.spec.base + self.spec.next + 1,
+            false => self.pos,
+        }
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -169,7 +370,8 @@ impl<'m> Session<'m> {
             v.capacity() * std::mem::size_of::<T>()
         }
         let (mut kv, mut rec) = (0, 0);
-        for l in &self.layers {
+        let mtp = self.mtp.as_ref().map(|m| m.state());
+        for l in self.layers.iter().chain(mtp) {
             match l {
                 LayerState::Attention(c) => kv += c.bytes(),
                 LayerState::DeltaNet(d) => rec += bytes(&d.conv) + bytes(&d.s),
@@ -224,6 +426,18 @@ impl<'m> Session<'m> {
         observe: &mut dyn FnMut(usize, usize, &[f32]),
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        self.settle()?;
+        self.run_pass(tokens, which, false, observe, out)
+    }
+
+    fn run_pass(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        verify: bool,
+        observe: &mut dyn FnMut(usize, usize, &[f32]),
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         if tokens.is_empty() {
             bail!("no tokens to evaluate");
         }
@@ -245,7 +459,11 @@ impl<'m> Session<'m> {
                 Logits::Last if i + 1 < n_batches => Logits::None,
                 other => other,
             };
-            self.ubatch(batch, want, observe, out)?;
+            let pass = Pass {
+                logits: want,
+                verify,
+            };
+            self.ubatch(batch, pass, observe, out)?;
         }
         Ok(())
     }
@@ -255,13 +473,16 @@ impl<'m> Session<'m> {
     fn ubatch(
         &mut self,
         tokens: &[u32],
-        which: Logits,
+        pass: Pass,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let (hp, w) = (&self.model.hp, &self.model.w);
         let (d, n_tok, pos0) = (hp.n_embd, tokens.len(), self.pos);
         let s = &mut self.scratch;
+        if pass.verify {
+            self.spec.ckpt.resize_with(hp.n_layer, Checkpoints::default);
+        }
 
         let x = grow(&mut s.x, n_tok * d); // residual stream [T × d]
         for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
@@ -270,39 +491,100 @@ impl<'m> Session<'m> {
         let a = grow(&mut s.a, n_tok * d); // normed input [T × d]
         let m = grow(&mut s.m, n_tok * d); // block output [T × d]
         for (il, (lw, st)) in w.layers.iter().zip(&mut self.layers).enumerate() {
-            norm_rows(x, &lw.attn_norm, hp.rms_eps, a);
-            match (&lw.mixer, st) {
-                (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
-                    attention::forward(aw, hp, il, kv, pos0, a, m, &mut s.block)
-                }
-                (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
-                    deltanet::forward(dw, hp, ds, self.delta_mode, a, m, &mut s.block)
-                }
-                _ => unreachable!("layer states are built from the same layer kinds"),
-            }
-            add(x, m, d);
-            norm_rows(x, &lw.post_norm, hp.rms_eps, a);
-            ffn::forward(lw, a, n_tok, m, &mut s.block);
-            add(x, m, d);
+            let save = pass.verify.then(|| &mut self.spec.ckpt[il]);
+            layer(
+                lw,
+                hp,
+                il,
+                st,
+                self.delta_mode,
+                pos0,
+                x,
+                a,
+                m,
+                &mut s.block,
+                save,
+            );
             observe(il, pos0, x);
         }
         self.pos += n_tok;
+        self.evaluated += n_tok as u64;
 
-        let (h, logits) = match which {
+        // The final-normed hidden rows h_t [T × d] (in a's buffer): all of them when the MTP block or a
+        // verification needs them, else only those that get logits.
+        let all_rows = pass.verify || self.mtp.is_some();
+        let (h_rows, first) = match (pass.logits, all_rows) {
+            (_, true) => (n_tok, 0),
+            (Logits::All, false) => (n_tok, 0),
+            (Logits::Last, false) => (1, n_tok - 1),
+            (Logits::None, false) => return Ok(()),
+        };
+        let hn = &mut a[..h_rows * d];
+        norm_rows(
+            &x[first * d..][..h_rows * d],
+            &w.output_norm,
+            hp.rms_eps,
+            hn,
+        );
+        let hn = &*hn;
+        if pass.verify {
+            grow(&mut self.spec.hidden, n_tok * d).copy_from_slice(hn);
+        } else if let Some(mtp) = &mut self.mtp {
+            mtp.push(pos0, tokens, hn, d);
+        }
+        match pass.logits {
             Logits::All => {
                 let start = out.len();
                 out.resize(start + n_tok * w.output.n_out, 0.0);
-                (&x[..], &mut out[start..]) // [T × d] → [T × V]
+                matmul(&w.output, hn, n_tok, &mut out[start..]); // [T × d] → [T × V]
             }
-            Logits::Last => (&x[(n_tok - 1) * d..], grow(out, w.output.n_out)), // [d] → [V]
-            Logits::None => return Ok(()),
-        };
-        let n_out = h.len() / d;
-        let hn = &mut a[..h.len()]; // the normed rows, in a's buffer
-        norm_rows(h, &w.output_norm, hp.rms_eps, hn);
-        matmul(&w.output, hn, n_out, logits);
+            Logits::Last => {
+                let last = &hn[hn.len() - d..];
+                matmul(&w.output, last, 1, grow(out, w.output.n_out)); // [d] → [V]
+            }
+            Logits::None => {}
+        }
+        if let Some(mtp) = &mut self.mtp {
+            if mtp.pending() >= mtp::FLUSH_ROWS {
+                mtp.flush(self.model)?;
+            }
+        }
         Ok(())
     }
+}
+
+/// One decoder layer over `T` rows of the residual stream `x` (`[T × d]`, updated in place) at
+/// positions `pos0..pos0+T`; `a`, `m` are `[T × d]` buffers. With `save`, a DeltaNet layer keeps its
+/// state after every token.
+#[allow(clippy::too_many_arguments)]
+fn layer(
+    lw: &weights::LayerWeights,
+    hp: &HParams,
+    il: usize,
+    st: &mut LayerState,
+    delta_mode: DeltaMode,
+    pos0: usize,
+    x: &mut [f32],
+    a: &mut [f32],
+    m: &mut [f32],
+    block: &mut Vec<f32>,
+    save: Option<&mut Checkpoints>,
+) {
+    let (d, n_tok) = (hp.n_embd, x.len() / hp.n_embd);
+    norm_rows(x, &lw.attn_norm, hp.rms_eps, a);
+    match (&lw.mixer, st) {
+        (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
+            attention::forward(aw, hp, il, kv, pos0, a, m, block)
+        }
+        (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
+            deltanet::forward(dw, hp, ds, delta_mode, a, m, block, save)
+        }
+        _ => unreachable!("layer states are built from the same layer kinds"),
+    }
+    add(x, m, d);
+    norm_rows(x, &lw.post_norm, hp.rms_eps, a);
+    ffn::forward(lw, a, n_tok, m, block);
+    add(x, m, d);
 }
 
 /// A session's activation buffers for one ubatch, grown to the largest ubatch seen and then reused,

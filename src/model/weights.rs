@@ -58,6 +58,105 @@ pub struct Weights<'a> {
     /// `output.weight`, or `token_embd.weight` when the embeddings are tied.
     pub output: Weight<'a>,
     pub layers: Vec<LayerWeights<'a>>,
+    /// The multi-token-prediction block, when the file has one (`Err`: present but unusable, with
+    /// the reason).
+    pub mtp: Option<std::result::Result<MtpWeights<'a>, String>>,
+}
+
+/// The MTP ("nextn") block at layer index `n_layer` (spec §7): a full-attention decoder layer fed
+/// `eh_proj · [enorm(embed(x)) ; hnorm(h)]`, whose output goes through `shared_head_norm` and the LM
+/// head. Views into the mapping like the trunk's matrices: its pages are read only when it runs.
+pub struct MtpWeights<'a> {
+    /// `{2d, d}`: input `[embedding half ; hidden half]`.
+    pub eh_proj: Weight<'a>,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    /// The decoder layer (always full attention).
+    pub layer: LayerWeights<'a>,
+    pub shared_head_norm: Vec<f32>,
+    /// `nextn.embed_tokens` if the file has its own (Qwen3.5 files do not: `token_embd`).
+    pub embed: Option<Weight<'a>>,
+    /// `nextn.shared_head_head` if the file has its own (Qwen3.5: the trunk's LM head).
+    pub head: Option<Weight<'a>>,
+}
+
+impl<'a> MtpWeights<'a> {
+    fn load(l: &Loader<'a>, hp: &HParams) -> Result<MtpWeights<'a>> {
+        let (il, d) = (hp.n_layer, hp.n_embd);
+        let n = |s: &str| format!("blk.{il}.{s}");
+        let optional = |s: &str| -> Result<Option<Weight<'a>>> {
+            let name = n(s);
+            match l.f.tensor(&name) {
+                None => Ok(None),
+                Some(t) => {
+                    let n_vocab = t.ne.get(1).copied().unwrap_or(0) as usize;
+                    l.matrix(&name, d, n_vocab).map(Some)
+                }
+            }
+        };
+        Ok(MtpWeights {
+            eh_proj: l.matrix(&n("nextn.eh_proj.weight"), 2 * d, d)?,
+            enorm: l.vector(&n("nextn.enorm.weight"), &[d])?,
+            hnorm: l.vector(&n("nextn.hnorm.weight"), &[d])?,
+            layer: load_layer(l, hp, il, LayerKind::Attention)?,
+            shared_head_norm: l.vector(&n("nextn.shared_head_norm.weight"), &[d])?,
+            embed: optional("nextn.embed_tokens.weight")?,
+            head: optional("nextn.shared_head_head.weight")?,
+        })
+    }
+}
+
+/// Decoder layer `il` of the given kind: its mixer, norms and FFN.
+fn load_layer<'a>(
+    l: &Loader<'a>,
+    hp: &HParams,
+    il: usize,
+    kind: LayerKind,
+) -> Result<LayerWeights<'a>> {
+    let d = hp.n_embd;
+    let n = |s: &str| format!("blk.{il}.{s}");
+    let mixer = match kind {
+        LayerKind::Attention => {
+            let (h, kv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
+            Mixer::Attention(AttentionWeights {
+                wq: l.matrix(&n("attn_q.weight"), d, 2 * h * hd)?,
+                wk: l.matrix(&n("attn_k.weight"), d, kv * hd)?,
+                wv: l.matrix(&n("attn_v.weight"), d, kv * hd)?,
+                q_norm: l.vector(&n("attn_q_norm.weight"), &[hd])?,
+                k_norm: l.vector(&n("attn_k_norm.weight"), &[hd])?,
+                wo: l.matrix(&n("attn_output.weight"), h * hd, d)?,
+            })
+        }
+        LayerKind::DeltaNet => {
+            let (hv, c) = (hp.n_v_heads, hp.conv_channels());
+            let inner = hv * hp.d_v;
+            Mixer::DeltaNet(DeltaNetWeights {
+                wqkv: l.matrix(&n("attn_qkv.weight"), d, c)?,
+                wz: l.matrix(&n("attn_gate.weight"), d, inner)?,
+                wbeta: l.matrix(&n("ssm_beta.weight"), d, hv)?,
+                walpha: l.matrix(&n("ssm_alpha.weight"), d, hv)?,
+                conv: {
+                    let taps = l.vector(&n("ssm_conv1d.weight"), &[hp.conv_kernel, c])?;
+                    let mut t = vec![0f32; taps.len()];
+                    transpose(&taps, c, hp.conv_kernel, &mut t);
+                    t
+                },
+                dt_bias: l.vector(&n("ssm_dt.bias"), &[hv])?,
+                a: l.vector(&n("ssm_a"), &[hv])?,
+                norm: l.vector(&n("ssm_norm.weight"), &[hp.d_v])?,
+                wout: l.matrix(&n("ssm_out.weight"), inner, d)?,
+            })
+        }
+    };
+    let ff = hp.n_ff[il];
+    Ok(LayerWeights {
+        attn_norm: l.vector(&n("attn_norm.weight"), &[d])?,
+        mixer,
+        post_norm: l.vector(&n("post_attention_norm.weight"), &[d])?,
+        ffn_gate: l.matrix(&n("ffn_gate.weight"), d, ff)?,
+        ffn_up: l.matrix(&n("ffn_up.weight"), d, ff)?,
+        ffn_down: l.matrix(&n("ffn_down.weight"), ff, d)?,
+    })
 }
 
 /// Looks tensors up and checks them, naming the tensor in every error.
@@ -134,57 +233,22 @@ impl<'a> Weights<'a> {
             Some(_) => l.matrix("output.weight", d, n_vocab)?,
             None => token_embd,
         };
-        let mut layers = Vec::with_capacity(hp.n_layer);
-        for il in 0..hp.n_layer {
-            let n = |s: &str| format!("blk.{il}.{s}");
-            let mixer = match hp.kinds[il] {
-                LayerKind::Attention => {
-                    let (h, kv, hd) = (hp.n_head[il], hp.n_head_kv[il], hp.head_dim);
-                    Mixer::Attention(AttentionWeights {
-                        wq: l.matrix(&n("attn_q.weight"), d, 2 * h * hd)?,
-                        wk: l.matrix(&n("attn_k.weight"), d, kv * hd)?,
-                        wv: l.matrix(&n("attn_v.weight"), d, kv * hd)?,
-                        q_norm: l.vector(&n("attn_q_norm.weight"), &[hd])?,
-                        k_norm: l.vector(&n("attn_k_norm.weight"), &[hd])?,
-                        wo: l.matrix(&n("attn_output.weight"), h * hd, d)?,
-                    })
-                }
-                LayerKind::DeltaNet => {
-                    let (hv, c) = (hp.n_v_heads, hp.conv_channels());
-                    let inner = hv * hp.d_v;
-                    Mixer::DeltaNet(DeltaNetWeights {
-                        wqkv: l.matrix(&n("attn_qkv.weight"), d, c)?,
-                        wz: l.matrix(&n("attn_gate.weight"), d, inner)?,
-                        wbeta: l.matrix(&n("ssm_beta.weight"), d, hv)?,
-                        walpha: l.matrix(&n("ssm_alpha.weight"), d, hv)?,
-                        conv: {
-                            let taps = l.vector(&n("ssm_conv1d.weight"), &[hp.conv_kernel, c])?;
-                            let mut t = vec![0f32; taps.len()];
-                            transpose(&taps, c, hp.conv_kernel, &mut t);
-                            t
-                        },
-                        dt_bias: l.vector(&n("ssm_dt.bias"), &[hv])?,
-                        a: l.vector(&n("ssm_a"), &[hv])?,
-                        norm: l.vector(&n("ssm_norm.weight"), &[hp.d_v])?,
-                        wout: l.matrix(&n("ssm_out.weight"), inner, d)?,
-                    })
-                }
-            };
-            let ff = hp.n_ff[il];
-            layers.push(LayerWeights {
-                attn_norm: l.vector(&n("attn_norm.weight"), &[d])?,
-                mixer,
-                post_norm: l.vector(&n("post_attention_norm.weight"), &[d])?,
-                ffn_gate: l.matrix(&n("ffn_gate.weight"), d, ff)?,
-                ffn_up: l.matrix(&n("ffn_up.weight"), d, ff)?,
-                ffn_down: l.matrix(&n("ffn_down.weight"), ff, d)?,
-            });
-        }
+        let layers = (0..hp.n_layer)
+            .map(|il| load_layer(&l, hp, il, hp.kinds[il]))
+            .collect::<Result<Vec<_>>>()?;
+        // A broken MTP block does not stop the trunk from running: drafting is then unavailable and
+        // says why.
+        let mtp = if hp.has_mtp() {
+            Some(MtpWeights::load(&l, hp).map_err(|e| format!("{e:#}")))
+        } else {
+            None
+        };
         Ok(Weights {
             token_embd,
             output_norm: l.vector("output_norm.weight", &[d])?,
             output,
             layers,
+            mtp,
         })
     }
 
