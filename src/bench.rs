@@ -413,3 +413,130 @@ mod tests {
         assert_eq!(huge_page_share(8), None);
     }
 }
+
+/// Costs of self-speculative decoding with `k` drafts per step, medians of `reps` runs at a depth of
+/// `depth` tokens: a 1-token decode step, a (k+1)-token verification pass (rolled back after each
+/// run), and drafting `k` tokens with the MTP block. Random weights accept no drafts, so the
+/// verification's cost relative to a plain step is what a bench can say about the speed-up; with
+/// acceptance `a` per draft the step yields `(1 − a^(k+1)) / (1 − a)` tokens.
+#[derive(Clone, Copy, Debug)]
+pub struct DraftCosts {
+    pub k: usize,
+    pub plain_ns: f64,
+    pub verify_ns: f64,
+    pub draft_ns: f64,
+}
+
+impl DraftCosts {
+    /// Verification pass / plain step.
+    pub fn verify_ratio(&self) -> f64 {
+        self.verify_ns / self.plain_ns
+    }
+
+    /// (Drafting + verification) / plain step: the cost of a speculative step.
+    pub fn step_ratio(&self) -> f64 {
+        (self.verify_ns + self.draft_ns) / self.plain_ns
+    }
+
+    /// Expected speed-up over plain decoding at acceptance `a` of each draft (independent drafts).
+    pub fn speedup(&self, a: f64) -> f64 {
+        let tokens: f64 = (0..=self.k).map(|i| a.powi(i as i32)).sum();
+        tokens / self.step_ratio()
+    }
+}
+
+pub fn draft_costs(model: &Model, k: usize, depth: usize, setup: &TestSetup) -> Result<DraftCosts> {
+    let n_vocab = model.n_vocab();
+    let mut rng = TokenRng(setup.seed);
+    let mut s = Session::with_kv_type(model, Some(depth + k + 2), setup.kv_type);
+    s.enable_mtp()?;
+    let prompt: Vec<u32> = (0..depth).map(|_| rng.next(n_vocab)).collect();
+    s.forward_last(&prompt)?;
+    let at_depth = s.clone();
+    let dr = crate::model::DraftSettings::default().drafter(model).0;
+    let vocab = dr.map_or(0, |d| d.vocab);
+    let (mut plain, mut verify, mut draft) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..=setup.reps {
+        let toks: Vec<u32> = (0..=k).map(|_| rng.next(n_vocab)).collect();
+        // Each measurement starts from the same `depth`-token state: a plain step and a
+        // verification are rolled back (the plain step by a 1-token verification), the drafts cut.
+        let t0 = Instant::now();
+        s.forward_last_ref(&toks[..1])?;
+        let t_plain = t0.elapsed().as_nanos() as f64;
+        s.rewind_to(&at_depth)?;
+        let t0 = Instant::now();
+        s.verify(&toks)?;
+        let t_verify = t0.elapsed().as_nanos() as f64;
+        s.settle()?;
+        s.rewind_to(&at_depth)?;
+        let t0 = Instant::now();
+        s.draft(toks[0], k, 0.0, vocab)?;
+        let t_draft = t0.elapsed().as_nanos() as f64;
+        s.rewind_to(&at_depth)?;
+        if i > 0 || !setup.warmup {
+            plain.push(t_plain);
+            verify.push(t_verify);
+            draft.push(t_draft);
+        }
+    }
+    Ok(DraftCosts {
+        k,
+        plain_ns: median(&plain),
+        verify_ns: median(&verify),
+        draft_ns: median(&draft),
+    })
+}
+
+/// Generation of `n` tokens with drafting (`k` drafts per step, not adaptive), each token the
+/// greedy choice of the model (so that drafts can be accepted), from a 1-token prompt: speed and
+/// the draft counts.
+pub fn spec_gen(
+    model: &Model,
+    k: usize,
+    n: usize,
+    setup: &TestSetup,
+) -> Result<(TestResult, crate::model::DraftStats)> {
+    use crate::sampling::{Sampler, SamplingParams};
+    let n_vocab = model.n_vocab();
+    let mut rng = TokenRng(setup.seed);
+    let mut s = Session::with_kv_type(model, Some(n + 2), setup.kv_type);
+    s.enable_mtp()?;
+    let settings = crate::model::DraftSettings {
+        n_max: Some(k),
+        ..Default::default()
+    };
+    let vocab = settings.drafter(model).0.map_or(0, |d| d.vocab);
+    let mut stats = crate::model::DraftStats::default();
+    let mut r = TestResult {
+        kind: TestKind::Gen(n),
+        samples_ns: Vec::with_capacity(setup.reps),
+        kv_bytes: 0,
+        recurrent_bytes: 0,
+    };
+    for i in 0..=setup.reps {
+        if i == 0 && !setup.warmup {
+            continue;
+        }
+        s.clear();
+        let mut dr = crate::model::Drafter::new(k, 0.0, vocab, false);
+        let mut sampler = Sampler::new(SamplingParams::greedy());
+        let first = rng.next(n_vocab);
+        let t0 = Instant::now();
+        let mut logits = s.step(first, &mut dr)?;
+        let n = if i == 0 { 1 } else { n };
+        for _ in 1..n {
+            let id = sampler.sample(logits);
+            logits = s.step(id, &mut dr)?;
+        }
+        s.settle()?;
+        let ns = t0.elapsed().as_nanos() as u64;
+        if i > 0 {
+            r.samples_ns.push(ns);
+            stats.proposed += dr.stats.proposed;
+            stats.accepted += dr.stats.accepted;
+            stats.steps += dr.stats.steps;
+            (r.kv_bytes, r.recurrent_bytes) = s.state_parts();
+        }
+    }
+    Ok((r, stats))
+}

@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
-use crate::model::{KvType, Model, Session};
+use crate::model::{DraftStats, Drafter, KvType, Model, Session};
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -32,6 +32,8 @@ pub struct Stats {
     pub gen_tokens: usize,
     pub gen_secs: f64,
     pub stop: Stop,
+    /// Draft tokens proposed and accepted (all zero without drafting).
+    pub draft: DraftStats,
 }
 
 impl Stats {
@@ -45,12 +47,15 @@ impl Stats {
 
 /// Feeds `prompt` (the continuation of whatever `session` holds) and samples up to `max_new` tokens
 /// (`None`: until end of text or a full context). `on_text` receives the decoded text as it becomes
-/// valid UTF-8; `special` decides whether control tokens (e.g. `<think>`) are rendered.
+/// valid UTF-8; `special` decides whether control tokens (e.g. `<think>`) are rendered. With a session
+/// that has MTP enabled, `drafter` decides how many tokens each step drafts ([`Session::step`]); the
+/// tokens are the same either way.
 #[allow(clippy::too_many_arguments)]
 pub fn generate(
     session: &mut Session<'_>,
     tok: &Tokenizer,
     sampler: &mut Sampler,
+    drafter: &mut Drafter,
     prompt: &[u32],
     max_new: Option<usize>,
     special: bool,
@@ -87,8 +92,9 @@ pub fn generate(
         if session.pos() >= session.n_ctx() {
             break Stop::Context;
         }
-        logits = session.forward_last_ref(&[id])?;
+        logits = session.step(id, drafter)?;
     };
+    session.settle()?;
     let rest = decoder.flush();
     if !rest.is_empty() {
         on_text(&rest);
@@ -99,6 +105,7 @@ pub fn generate(
         gen_tokens: n,
         gen_secs: t1.elapsed().as_secs_f64(),
         stop,
+        draft: drafter.stats,
     })
 }
 
@@ -113,6 +120,8 @@ pub struct Chat<'m> {
     pub enable_thinking: Option<bool>,
     /// KV cache element type of the chat's sessions (set before the first turn).
     pub kv_type: KvType,
+    /// Whether the chat's sessions fill the MTP block's cache for drafting (set before the first turn).
+    pub mtp: bool,
     cached: Option<(Vec<u32>, Session<'m>)>,
 }
 
@@ -125,6 +134,7 @@ impl<'m> Chat<'m> {
             messages: Vec::new(),
             enable_thinking: None,
             kv_type: KvType::default(),
+            mtp: false,
             cached: None,
         }
     }
@@ -161,6 +171,9 @@ impl<'m> Chat<'m> {
             }
             _ => {
                 let mut s = Session::with_kv_type(self.model, self.n_ctx, self.kv_type);
+                if self.mtp {
+                    s.enable_mtp()?;
+                }
                 if !hist.is_empty() {
                     s.feed(&hist)?;
                 }

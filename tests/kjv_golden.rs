@@ -115,8 +115,9 @@ fn own_f32_conversion_matches_transformers() {
 
 #[test]
 fn demo_model_q8_0_is_close_to_transformers() {
-    let f = GgufFile::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-kjv-Q8_0.gguf"))
-        .unwrap();
+    let f =
+        GgufFile::open(Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-kjv-mtp-Q8_0.gguf"))
+            .unwrap();
     let (logits, _) = run(&f, KvType::default());
     let gold = golden("logits.npy");
     let v = gold.shape[1];

@@ -78,7 +78,7 @@ fn full_text_matches_llama_perplexity() {
     let dir = tempfile::tempdir().unwrap();
     let f32_path = f32_gguf(dir.path());
     let f32_file = GgufFile::open(&f32_path).unwrap();
-    let q8_file = GgufFile::open(repo("models/tiny-kjv-Q8_0.gguf")).unwrap();
+    let q8_file = GgufFile::open(repo("models/tiny-kjv-mtp-Q8_0.gguf")).unwrap();
     let (m32, m8) = (
         Model::load(&f32_file).unwrap(),
         Model::load(&q8_file).unwrap(),
@@ -253,7 +253,7 @@ fn sweep_orders_quant_levels() {
 #[test]
 fn errors_are_clear() {
     let dir = tempfile::tempdir().unwrap();
-    let model = repo("models/tiny-kjv-Q8_0.gguf");
+    let model = repo("models/tiny-kjv-mtp-Q8_0.gguf");
     let m = model.to_str().unwrap();
     let run = |text: &[u8], extra: &[&str]| {
         let p = dir.path().join("text.txt");

@@ -179,3 +179,49 @@ fn clear_errors() {
     let (ok, _, err) = deltaq(&["run", "-m", "tests/fixtures/quant-vectors.gguf", "-p", "x"]);
     assert!(!ok && err.contains("deltaq-quant-vectors"), "{err}");
 }
+
+/// `deltaq run` drafting with the demo model's MTP block, on every kernel table this CPU runs: greedy
+/// text with 1, 2 and 3 drafts per step (drafting forced on every step) is the text without drafts,
+/// and the run reports its draft counts.
+#[test]
+fn drafting_is_token_identical_on_every_isa() {
+    let prompt = "And it came to pass, when the king had heard";
+    for isa in deltaq::kernels::available() {
+        let run = |draft: &str| {
+            let out = Command::new(env!("CARGO_BIN_EXE_deltaq"))
+                .args([
+                    "run", "--raw", "-p", prompt, "-n", "256", "--temp", "0", "-t", "2",
+                ])
+                .args(["--draft", draft, "--draft-always"])
+                .env("DELTAQ_ISA", isa.isa.name())
+                .output()
+                .expect("running deltaq");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            (
+                String::from_utf8(out.stdout).unwrap(),
+                String::from_utf8(out.stderr).unwrap(),
+            )
+        };
+        let (plain, err0) = run("0");
+        assert!(!err0.contains("draft tokens"), "{err0}");
+        for k in ["1", "2", "3"] {
+            let (text, err) = run(k);
+            assert_eq!(text, plain, "{}: --draft {k}", isa.isa.name());
+            let line = err
+                .lines()
+                .find(|l| l.starts_with("draft tokens: "))
+                .unwrap();
+            let proposed: u64 = line["draft tokens: ".len()..]
+                .split(' ')
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(proposed > 0, "{line}");
+        }
+    }
+}

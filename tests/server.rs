@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-Q8_0.gguf");
+const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-mtp-Q8_0.gguf");
 
 struct Server {
     child: Child,
@@ -172,7 +172,7 @@ fn assert_error_shape(v: &Value) {
 
 fn chat(content: &str, extra: Value) -> Value {
     let mut b = json!({
-        "model": "tiny-kjv-Q8_0",
+        "model": "tiny-kjv-mtp-Q8_0",
         "messages": [{"role": "system", "content": "You are a scribe."}, {"role": "user", "content": content}],
     });
     for (k, v) in extra.as_object().unwrap() {
@@ -196,7 +196,7 @@ fn endpoints_chat_completions_and_cache() {
     assert_eq!(h["kv_type"], "f16", "the default KV cache type");
     let (st, m) = s.get("/v1/models");
     assert_eq!(st, 200);
-    assert_eq!(m["data"][0]["id"], "tiny-kjv-Q8_0");
+    assert_eq!(m["data"][0]["id"], "tiny-kjv-mtp-Q8_0");
     let (st, t) = s.post("/tokenize", &json!({"content": "In the beginning God"}));
     assert_eq!(st, 200);
     let ids = t["tokens"].as_array().unwrap().clone();
@@ -699,4 +699,75 @@ fn queue_full_disconnect_api_key_and_shutdown() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Drafting with the demo model's MTP block (`--draft 3 --draft-always`: every step drafts, though it
+/// is slower on this tiny model): greedy answers to concurrent requests are the same text as a server
+/// that does not draft, `timings` report `draft_n` / `draft_n_accepted`, and a repeated request that
+/// resumes from the prompt cache's snapshot (which holds the MTP block's cache too) answers the same.
+#[test]
+fn drafting_concurrent_and_cached() {
+    let body = |i: usize| {
+        json!({"prompt": format!("And the LORD spake unto Moses in the {} day, saying", ["first", "second", "third", "fourth"][i]),
+               "max_tokens": 48, "temperature": 0, "ignore_eos": true})
+    };
+    let answers = |s: &Server| -> Vec<(String, Value)> {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                let (base, agent, b) = (s.base.clone(), s.agent.clone(), body(i));
+                std::thread::spawn(move || {
+                    let mut r = agent
+                        .post(&format!("{base}/v1/completions"))
+                        .header("Content-Type", "application/json")
+                        .send(b.to_string())
+                        .unwrap();
+                    assert_eq!(r.status().as_u16(), 200);
+                    let v: Value =
+                        serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+                    (v["choices"][0]["text"].as_str().unwrap().to_string(), v)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    };
+    let plain = Server::start(&["--parallel", "2", "-c", "512", "--draft", "0"]);
+    let want = answers(&plain);
+    for (_, v) in &want {
+        assert!(v["timings"].get("draft_n").is_none(), "{v}");
+    }
+    drop(plain);
+
+    let s = Server::start(&[
+        "--parallel",
+        "2",
+        "-c",
+        "512",
+        "--draft",
+        "3",
+        "--draft-always",
+    ]);
+    let got = answers(&s);
+    let (mut proposed, mut accepted) = (0, 0);
+    for ((text, v), (want, _)) in got.iter().zip(&want) {
+        assert_eq!(text, want, "drafting changed a greedy answer");
+        proposed += v["timings"]["draft_n"].as_u64().unwrap();
+        accepted += v["timings"]["draft_n_accepted"].as_u64().unwrap();
+    }
+    assert!(
+        proposed > 0 && accepted > 0 && accepted <= proposed,
+        "{proposed} / {accepted}"
+    );
+    // Again: the whole prompt comes from the cache, and the answer is the same.
+    let (st, v) = s.post("/v1/completions", &body(0));
+    assert_eq!(st, 200);
+    assert_eq!(v["choices"][0]["text"].as_str().unwrap(), want[0].0);
+    assert!(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{v}"
+    );
+    assert!(v["timings"]["draft_n"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(s.health()["slots"]["busy"], 0);
 }

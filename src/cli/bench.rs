@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use deltaq::bench::{
-    cpu_name, huge_page_share, peak_rss, read_bandwidth, run_test, weight_sizes, TestKind,
-    TestResult, TestSetup, WeightSizes,
+    cpu_name, draft_costs, huge_page_share, peak_rss, read_bandwidth, run_test, spec_gen,
+    weight_sizes, TestKind, TestResult, TestSetup, WeightSizes,
 };
 use deltaq::gguf::GgufFile;
 use deltaq::kernels::kernels;
@@ -59,6 +59,10 @@ pub struct Args {
     /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
+    /// Also measure self-speculative decoding with N drafts per step (the model's MTP block): the
+    /// cost of a verification pass and of drafting against a 1-token step, and tg with drafts
+    #[arg(long = "draft", value_name = "N")]
+    draft: Option<usize>,
 }
 
 /// One test's row, with what is known only at the end (bandwidth).
@@ -144,6 +148,28 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             });
         }
     }
+    let mut spec_lines = Vec::new();
+    if let Some(k) = a.draft.filter(|&k| k > 0) {
+        deltaq::model::mtp::weights(&model).context("--draft")?;
+        let n = a.n_gen.iter().copied().max().unwrap_or(0).max(1);
+        for &nt in &threads {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(nt).build()?;
+            let setup = TestSetup {
+                reps: a.reps,
+                n_ctx: n,
+                kv_type: a.kv_type,
+                warmup: !a.no_warmup,
+                seed: a.seed,
+            };
+            eprintln!(
+                "deltaq bench: {k} drafts, {nt} threads, {} repetitions ...",
+                a.reps
+            );
+            let c = pool.install(|| draft_costs(&model, k, DRAFT_DEPTH, &setup))?;
+            let (r, st) = pool.install(|| spec_gen(&model, k, n, &setup))?;
+            spec_lines.push((nt, c, r, st));
+        }
+    }
     // Last: its buffer would otherwise count in the peak RSS of the tests.
     let mut bw: Vec<(usize, f64)> = Vec::new();
     for &nt in &threads {
@@ -164,8 +190,60 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     } else {
         print_table(&info, &sizes, &rows, &bw, isa, a.kv_type);
     }
+    for (nt, c, r, st) in &spec_lines {
+        let ms = |ns: f64| ns / 1e6;
+        if a.json {
+            let v = serde_json::json!({
+                "test": format!("draft{}", c.k),
+                "n_threads": nt,
+                "n_depth": DRAFT_DEPTH,
+                "step_1_ms": ms(c.plain_ns),
+                "verify_ms": ms(c.verify_ns),
+                "verify_n_tokens": c.k + 1,
+                "verify_ratio": c.verify_ratio(),
+                "draft_ms": ms(c.draft_ns),
+                "spec_step_ratio": c.step_ratio(),
+                "tg_with_drafts": r.kind.name(),
+                "tg_with_drafts_median_ts": r.median_ts(),
+                "draft_n": st.proposed,
+                "draft_n_accepted": st.accepted,
+            });
+            println!("{v}");
+        } else {
+            println!(
+                "\n{} drafts, {nt} threads, at depth {DRAFT_DEPTH} (medians): 1-token step {:.2} ms; \
+                 verifying {} tokens {:.2} ms = {:.2}x; drafting {} {:.2} ms; a speculative step = \
+                 {:.2}x a plain one",
+                c.k,
+                ms(c.plain_ns),
+                c.k + 1,
+                ms(c.verify_ns),
+                c.verify_ratio(),
+                c.k,
+                ms(c.draft_ns),
+                c.step_ratio(),
+            );
+            println!(
+                "  speed-up if each draft is accepted with p = 0.6 / 0.8 / 0.9: {:.2}x / {:.2}x / {:.2}x",
+                c.speedup(0.6),
+                c.speedup(0.8),
+                c.speedup(0.9)
+            );
+            println!(
+                "  {} with drafts (greedy): {:.2} t/s median; {} drafts, {} accepted ({:.1} %)",
+                r.kind.name(),
+                r.median_ts(),
+                st.proposed,
+                st.accepted,
+                100.0 * st.acceptance()
+            );
+        }
+    }
     Ok(())
 }
+
+/// Tokens in the sequence when the draft costs are measured.
+const DRAFT_DEPTH: usize = 64;
 
 struct FileInfo {
     filename: String,

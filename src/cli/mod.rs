@@ -69,3 +69,43 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(a) => bench::run(a),
     }
 }
+
+/// Drafting with the model's MTP block (self-speculative decoding), as llama.cpp's
+/// `--spec-type draft-mtp` flags: shared by `run` and `serve`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DraftArgs {
+    /// Most tokens drafted per step with the model's MTP block (0: off; default: 2 when the model has
+    /// the block; drafting switches itself off while it measures slower than plain decoding)
+    #[arg(long = "draft", value_name = "N")]
+    pub n_max: Option<usize>,
+    /// Stop drafting a step when the draft's top probability is below P
+    #[arg(long = "draft-p-min", value_name = "P", default_value_t = 0.0)]
+    pub p_min: f32,
+    /// Draft from the first N token ids only (the most frequent BPE pieces; 0: the whole vocabulary;
+    /// default: 32768 for vocabularies over 65536 tokens, else all)
+    #[arg(long = "draft-vocab", value_name = "N")]
+    pub vocab: Option<usize>,
+    /// Draft at every step, even while drafting measures slower than plain decoding
+    #[arg(long = "draft-always")]
+    pub always: bool,
+}
+
+impl DraftArgs {
+    pub fn settings(&self) -> deltaq::model::DraftSettings {
+        deltaq::model::DraftSettings {
+            n_max: self.n_max,
+            p_min: self.p_min,
+            vocab: self.vocab,
+            always: self.always,
+        }
+    }
+
+    /// The drafter for `model` (see [`deltaq::model::DraftSettings::drafter`]); a note goes to stderr.
+    pub fn drafter(&self, model: &deltaq::model::Model) -> Option<deltaq::model::Drafter> {
+        let (d, note) = self.settings().drafter(model);
+        if let Some(n) = note {
+            eprintln!("note: {n}");
+        }
+        d
+    }
+}

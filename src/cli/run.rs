@@ -7,12 +7,12 @@ use anyhow::{bail, Context};
 use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
 use deltaq::generate::{generate, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
-use deltaq::model::{KvType, Model, Session};
+use deltaq::model::{Drafter, KvType, Model, Session};
 use deltaq::sampling::{Sampler, SamplingParams};
 use deltaq::tokenizer::Tokenizer;
 
 /// The bundled demo model, used when `-m` is not given.
-const DEMO_MODEL: &str = "models/tiny-kjv-Q8_0.gguf";
+const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -67,6 +67,8 @@ pub struct Args {
     /// System message for chat
     #[arg(long)]
     system: Option<String>,
+    #[command(flatten)]
+    draft: super::DraftArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -110,6 +112,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     f.release_metadata_pages();
+    let drafter = a.draft.drafter(&model);
     let mut out = Printer::new(!a.hide_think);
     pool.install(|| -> anyhow::Result<()> {
         match (&a.prompt, template) {
@@ -119,12 +122,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     bail!("the prompt is empty");
                 }
                 let mut session = Session::with_kv_type(&model, a.ctx_size, a.kv_type);
+                if drafter.is_some() {
+                    session.enable_mtp()?;
+                }
+                let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
                 let mut sampler = Sampler::new(params);
                 print!("{p}");
                 let stats = generate(
                     &mut session,
                     &tok,
                     &mut sampler,
+                    &mut dr,
                     &ids,
                     max_new,
                     false,
@@ -132,31 +140,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     &mut |t| out.raw(t),
                 )?;
                 println!();
-                report(&stats);
+                report(&stats, drafter.is_some());
             }
             (Some(p), Some(tmpl)) => {
                 let mut chat = Chat::new(&model, a.ctx_size, tmpl);
                 chat.kv_type = a.kv_type;
+                chat.mtp = drafter.is_some();
                 if let Some(s) = &a.system {
                     chat.messages.push(ChatMessage::system(s));
                 }
                 chat.enable_thinking = a.no_think.then_some(false);
                 let (mut session, gen) = chat.prepare(&tok, p)?;
                 let mut sampler = Sampler::new(params);
+                let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
                 let stats = reply(
                     &mut out,
                     &mut session,
                     &tok,
                     &mut sampler,
+                    &mut dr,
                     &gen,
                     max_new,
                     !a.no_think,
                     &interrupt,
                 )?;
-                report(&stats);
+                report(&stats, drafter.is_some());
             }
             (None, Some(tmpl)) => interactive(
-                &a, &model, &tok, tmpl, params, max_new, &interrupt, &mut out,
+                &a, &model, &tok, tmpl, params, drafter, max_new, &interrupt, &mut out,
             )?,
             (None, None) => unreachable!("a missing template is an error without a prompt"),
         }
@@ -200,6 +211,7 @@ fn reply(
     session: &mut Session<'_>,
     tok: &Tokenizer,
     sampler: &mut Sampler,
+    drafter: &mut Drafter,
     prompt: &[u32],
     max_new: Option<usize>,
     thinking: bool,
@@ -211,6 +223,7 @@ fn reply(
         session,
         tok,
         sampler,
+        drafter,
         prompt,
         max_new,
         true,
@@ -235,12 +248,14 @@ fn interactive(
     tok: &Tokenizer,
     tmpl: ChatTemplate,
     params: SamplingParams,
+    drafter: Option<Drafter>,
     max_new: Option<usize>,
     interrupt: &AtomicBool,
     out: &mut Printer,
 ) -> anyhow::Result<()> {
     let mut chat = Chat::new(model, a.ctx_size, tmpl);
     chat.kv_type = a.kv_type;
+    chat.mtp = drafter.is_some();
     if let Some(s) = &a.system {
         chat.messages.push(ChatMessage::system(s));
     }
@@ -266,11 +281,13 @@ fn interactive(
         }
         let (mut session, gen) = chat.prepare(tok, user)?;
         out.start_capture();
+        let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
         let stats = reply(
             out,
             &mut session,
             tok,
             &mut sampler,
+            &mut dr,
             &gen,
             max_new,
             !a.no_think,
@@ -281,7 +298,7 @@ fn interactive(
         if stats.stop == Stop::Interrupted {
             eprintln!("[stopped]");
         }
-        report(&stats);
+        report(&stats, drafter.is_some());
     }
 }
 
@@ -292,7 +309,7 @@ fn model_name(a: &Args) -> String {
         .unwrap_or_else(|| format!("the demo model ({DEMO_MODEL})"))
 }
 
-fn report(s: &Stats) {
+fn report(s: &Stats, drafting: bool) {
     let why = match s.stop {
         Stop::EndOfText => "end of text",
         Stop::Length => "token limit",
@@ -306,6 +323,15 @@ fn report(s: &Stats) {
         s.gen_tokens,
         s.gen_tps()
     );
+    if drafting {
+        let d = &s.draft;
+        eprintln!(
+            "draft tokens: {} proposed, {} accepted ({:.1} %)",
+            d.proposed,
+            d.accepted,
+            100.0 * d.acceptance()
+        );
+    }
 }
 
 /// Writes streamed text to stdout: thinking dimmed on a terminal (or in `<think>` tags when piped), or

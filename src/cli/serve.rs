@@ -6,7 +6,7 @@ use deltaq::model::KvType;
 use deltaq::server::{serve, Config};
 
 /// The bundled demo model, used when `-m` is not given.
-const DEMO_MODEL: &str = "models/tiny-kjv-Q8_0.gguf";
+const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -52,6 +52,8 @@ pub struct Args {
     /// Seconds a shutdown waits for open connections
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
+    #[command(flatten)]
+    draft: super::DraftArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -85,5 +87,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         default_thinking: !a.no_think,
         model_id: a.alias,
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
+        draft: a.draft.settings(),
     })
 }

@@ -24,7 +24,7 @@ use rayon::prelude::*;
 pub use attention::{KvType, KV_PAGE};
 pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
-pub use mtp::{DraftStats, Drafter};
+pub use mtp::{DraftSettings, DraftStats, Drafter};
 pub use weights::Weights;
 
 use crate::gguf::GgufFile;
@@ -231,24 +231,61 @@ impl<'m> Session<'m> {
             self.forward_last_ref(&[id])?;
             return Ok(&self.scratch.logits[..self.model.n_vocab()]);
         }
-        let mut tokens = std::mem::take(&mut self.spec.tokens);
-        tokens.clear();
+        let mut tokens = Vec::with_capacity(drafts.len() + 1);
         tokens.push(id);
         tokens.extend_from_slice(&drafts);
+        self.verify(&tokens)?;
+        drafter.stats.proposed += drafts.len() as u64;
+        drafter.stats.steps += 1;
+        self.spec.secs = t0.elapsed().as_secs_f64();
+        Ok(&self.spec.logits[..self.model.n_vocab()])
+    }
+
+    /// The verification pass of a speculative step: runs `tokens` (`[x_n, d_1, …, d_k]`) through the
+    /// trunk keeping every position's logits and the states to roll back to, and returns `x_n`'s
+    /// logits; [`Session::step`] consumes the rest. Public for the benchmark of its cost.
+    pub fn verify(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.settle()?;
         let mut logits = std::mem::take(&mut self.spec.logits);
         logits.clear();
         let base = self.pos;
-        let done = self.run_pass(&tokens, Logits::All, true, &mut |_, _, _| {}, &mut logits);
-        self.spec.tokens = tokens;
+        let done = self.run_pass(tokens, Logits::All, true, &mut |_, _, _| {}, &mut logits);
         self.spec.logits = logits;
         done?;
-        drafter.stats.proposed += drafts.len() as u64;
-        drafter.stats.steps += 1;
+        self.spec.tokens.clear();
+        self.spec.tokens.extend_from_slice(tokens);
         self.spec.active = true;
         self.spec.base = base;
         self.spec.next = 0;
-        self.spec.secs = t0.elapsed().as_secs_f64();
+        self.spec.secs = 0.0;
         Ok(&self.spec.logits[..self.model.n_vocab()])
+    }
+
+    /// Goes back to `earlier`, a snapshot (clone) of this same sequence at an earlier position: the
+    /// KV caches are cut to its length and the recurrent states copied from it, into this session's
+    /// own buffers (nothing is allocated). The tokens after it are forgotten.
+    pub fn rewind_to(&mut self, earlier: &Session) -> Result<()> {
+        self.spec.active = false;
+        if earlier.pos > self.pos || earlier.layers.len() != self.layers.len() {
+            bail!("rewind_to: not an earlier state of this sequence");
+        }
+        for (st, from) in self.layers.iter_mut().zip(&earlier.layers) {
+            match (st, from) {
+                (LayerState::Attention(kv), LayerState::Attention(_)) => kv.truncate(earlier.pos),
+                (LayerState::DeltaNet(d), LayerState::DeltaNet(e)) => {
+                    d.conv.copy_from_slice(&e.conv);
+                    d.s.copy_from_slice(&e.s);
+                }
+                _ => bail!("rewind_to: layer kinds differ"),
+            }
+        }
+        match (&mut self.mtp, &earlier.mtp) {
+            (Some(m), Some(e)) => m.rewind_to(e),
+            (None, None) => {}
+            _ => bail!("rewind_to: one of the sessions drafts and the other does not"),
+        }
+        self.pos = earlier.pos;
+        Ok(())
     }
 
     /// Ends a speculative step in flight: the drafts not consumed are rolled back, so that the session

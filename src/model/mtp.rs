@@ -127,6 +127,15 @@ impl MtpState {
         self.cache().truncate(len);
     }
 
+    /// Back to `earlier`, a snapshot of the same sequence (see `Session::rewind_to`).
+    pub(super) fn rewind_to(&mut self, earlier: &MtpState) {
+        let len = earlier.len();
+        self.cache().truncate(len);
+        self.pending_tok.clone_from(&earlier.pending_tok);
+        self.pending_h.clone_from(&earlier.pending_h);
+        self.h_last.copy_from_slice(&earlier.h_last);
+    }
+
     /// The trunk ran `tokens` at positions `pos0..pos0+T` with final-normed hidden rows `h`
     /// (`[T × d]`): queues the rows (x_t, h_{t−1}), skipping positions that already have one, and
     /// keeps h of the last position.
@@ -289,6 +298,45 @@ fn embed(mw: &MtpWeights, w: &Weights, token: u32, out: &mut [f32]) -> Result<()
     }
 }
 
+/// Drafts per step when the model has an MTP block and no count is given.
+pub const DEFAULT_DRAFT: usize = 2;
+
+/// The drafting flags before a model is known (`--draft`, `--draft-p-min`, `--draft-vocab`).
+#[derive(Clone, Debug, Default)]
+pub struct DraftSettings {
+    /// Most drafts per step (`None`: [`DEFAULT_DRAFT`] when the model has an MTP block; 0: off).
+    pub n_max: Option<usize>,
+    pub p_min: f32,
+    /// Draft vocabulary (`None`: 32768 for vocabularies over 65536 tokens, else all; 0: all).
+    pub vocab: Option<usize>,
+    /// Draft every step, even while drafting measures slower than plain decoding.
+    pub always: bool,
+}
+
+impl DraftSettings {
+    /// The drafter for `model`, or `None` when drafting is off, with a note when an explicit `--draft`
+    /// cannot be honoured (no usable MTP block: plain decoding).
+    pub fn drafter(&self, model: &Model) -> (Option<Drafter>, Option<String>) {
+        let usable = weights(model);
+        let n = match (self.n_max, &usable) {
+            (Some(0), _) | (None, Err(_)) => return (None, None),
+            (Some(n), Ok(_)) => n,
+            (None, Ok(_)) => DEFAULT_DRAFT,
+            (Some(_), Err(e)) => {
+                return (
+                    None,
+                    Some(format!("--draft ignored: {e:#}; decoding without drafts")),
+                )
+            }
+        };
+        let n_vocab = model.n_vocab();
+        let vocab = self
+            .vocab
+            .unwrap_or(if n_vocab > 65536 { 32768 } else { 0 });
+        (Some(Drafter::new(n, self.p_min, vocab, !self.always)), None)
+    }
+}
+
 /// How a sequence drafts: the settings (`--draft`, `--draft-p-min`, `--draft-vocab`), the counts
 /// `run` and the server report, and the switch that turns drafting off while it does not pay.
 #[derive(Clone, Debug)]
@@ -330,10 +378,11 @@ impl DraftStats {
 }
 
 /// Plain steps measured before the first speculative one, speculative steps per probe, and the first
-/// pause after a probe that did not pay (doubling up to [`MAX_BACKOFF`]).
+/// pause after a probe that did not pay (doubling up to [`MAX_BACKOFF`]). With drafts that never pass,
+/// 256 tokens then spend 12 steps drafting.
 const PLAIN_WARMUP: u32 = 2;
 const PROBE_STEPS: u32 = 4;
-const MIN_BACKOFF: u64 = 16;
+const MIN_BACKOFF: u64 = 32;
 const MAX_BACKOFF: u64 = 512;
 
 impl Drafter {

@@ -448,13 +448,19 @@ fn usage_json(d: &Done) -> Value {
 }
 
 fn timings_json(d: &Done) -> Value {
-    json!({
+    let mut t = json!({
         "cached_n": d.cached_tokens,
         "prompt_n": d.prompt_tokens - d.cached_tokens,
         "prompt_ms": d.prompt_ms,
         "predicted_n": d.completion_tokens,
         "predicted_ms": d.gen_ms,
-    })
+    });
+    // llama.cpp's names, present when the server drafts.
+    if let Some(s) = d.draft {
+        t["draft_n"] = json!(s.proposed);
+        t["draft_n_accepted"] = json!(s.accepted);
+    }
+    t
 }
 
 // ---------------------------------------------------------------------------------------------

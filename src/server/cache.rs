@@ -184,7 +184,7 @@ mod tests {
     use crate::gguf::GgufFile;
     use crate::model::Model;
 
-    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-Q8_0.gguf");
+    const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-mtp-Q8_0.gguf");
 
     #[test]
     fn longest_prefix_lru_and_byte_bound() {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{CacheStats, PromptCache};
 use super::text::StopMatcher;
-use crate::model::{KvType, Model, Session};
+use crate::model::{DraftStats, Drafter, KvType, Model, Session};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TokenType, Tokenizer};
 
@@ -66,6 +66,8 @@ pub struct Done {
     pub completion_tokens: usize,
     pub prompt_ms: f64,
     pub gen_ms: f64,
+    /// Tokens drafted and accepted (`None`: the server does not draft).
+    pub draft: Option<DraftStats>,
 }
 
 pub enum Event {
@@ -105,6 +107,8 @@ pub struct Engine {
     /// Set on shutdown: running jobs stop.
     pub stopping: AtomicBool,
     banned: Vec<u32>,
+    /// Drafting with the model's MTP block: each request starts from a copy of this.
+    drafter: Option<Drafter>,
 }
 
 /// The queue is full.
@@ -113,6 +117,7 @@ pub struct Busy;
 
 impl Engine {
     /// Starts `parallel` worker threads with a queue of `queue` waiting jobs beyond them.
+    #[allow(clippy::too_many_arguments)]
     pub fn start(
         model: &'static Model<'static>,
         tok: &'static Tokenizer,
@@ -121,6 +126,7 @@ impl Engine {
         parallel: usize,
         queue: usize,
         cache_bytes: usize,
+        drafter: Option<Drafter>,
     ) -> Arc<Engine> {
         let (tx, rx) = sync_channel::<Job>(queue);
         let banned = (0..tok.n_vocab() as u32)
@@ -138,6 +144,7 @@ impl Engine {
             tx,
             stopping: AtomicBool::new(false),
             banned,
+            drafter,
         });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..engine.parallel {
@@ -174,11 +181,13 @@ impl Engine {
         let hit = lock(&self.cache).lookup(prompt);
         let (mut session, mut pos, mut logits) = match hit {
             Some(h) => ((*h.session).clone(), h.len, h.logits.map(|l| (*l).clone())),
-            None => (
-                Session::with_kv_type(self.model, Some(self.n_ctx), self.kv_type),
-                0,
-                None,
-            ),
+            None => {
+                let mut s = Session::with_kv_type(self.model, Some(self.n_ctx), self.kv_type);
+                if self.drafter.is_some() {
+                    s.enable_mtp().map_err(|e| format!("{e:#}"))?;
+                }
+                (s, 0, None)
+            }
         };
         let cached_tokens = pos;
         let mut checkpoints: Vec<usize> = job
@@ -228,6 +237,7 @@ impl Engine {
         let t1 = Instant::now();
         let mut sampler = Sampler::new(job.params.clone());
         sampler.set_banned(self.banned.clone());
+        let mut drafter = self.drafter.clone().unwrap_or_else(Drafter::off);
         for &t in prompt.iter() {
             sampler.accept(t);
         }
@@ -271,8 +281,10 @@ impl Engine {
                 all_fed = false;
                 break Finish::Length;
             }
-            logits.copy_from_slice(session.forward_last_ref(&[id]).map_err(|e| e.to_string())?);
+            logits.copy_from_slice(session.step(id, &mut drafter).map_err(|e| e.to_string())?);
         };
+        // Drafts verified beyond the last token taken are rolled back before the session is kept.
+        session.settle().map_err(|e| e.to_string())?;
         if finish != Finish::Cancelled {
             let (rest, _) = stops.push(&decoder.flush());
             let rest = rest + &stops.finish();
@@ -298,6 +310,7 @@ impl Engine {
             completion_tokens: generated.len(),
             prompt_ms,
             gen_ms: t1.elapsed().as_secs_f64() * 1e3,
+            draft: self.drafter.as_ref().map(|_| drafter.stats),
         })
     }
 
@@ -309,6 +322,7 @@ impl Engine {
             completion_tokens: gen,
             prompt_ms: t0.elapsed().as_secs_f64() * 1e3,
             gen_ms: 0.0,
+            draft: None,
         }
     }
 

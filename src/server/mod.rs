@@ -22,7 +22,7 @@ use axum::Router;
 
 use crate::chat::ChatTemplate;
 use crate::gguf::GgufFile;
-use crate::model::{KvType, Model};
+use crate::model::{DraftSettings, KvType, Model};
 use crate::tokenizer::Tokenizer;
 use engine::Engine;
 
@@ -52,6 +52,8 @@ pub struct Config {
     pub model_id: Option<String>,
     /// How long a shutdown waits for open connections after stopping the generations.
     pub shutdown_timeout: Duration,
+    /// Drafting with the model's MTP block (`--draft` and friends).
+    pub draft: DraftSettings,
 }
 
 /// What the handlers share.
@@ -100,6 +102,10 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
             .unwrap_or_else(|| "deltaq".into())
     });
+    let (drafter, note) = cfg.draft.drafter(model);
+    if let Some(n) = note {
+        eprintln!("note: {n}");
+    }
     let engine = Engine::start(
         model,
         tok,
@@ -108,6 +114,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         cfg.parallel,
         cfg.queue,
         cfg.cache_bytes,
+        drafter,
     );
     let state = Arc::new(AppState {
         engine: engine.clone(),
