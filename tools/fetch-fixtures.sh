@@ -41,6 +41,14 @@ for m in tiny-r1 tiny-r2; do
   copy "$m/$m-F32.gguf" "$m/$m-F16.gguf"
 done
 
+# Vision conversion (tests/convert_mmproj.rs): the tiny-v1 vision-language checkpoint and llama.cpp's text
+# and mmproj conversions of it.
+for f in config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json \
+  chat_template.jinja preprocessor_config.json; do
+  copy "tiny-v1/hf/$f"
+done
+copy tiny-v1/tiny-v1-F32.gguf tiny-v1/mmproj-tiny-v1-F32.gguf tiny-v1/mmproj-tiny-v1-F16.gguf
+
 # tiny-kjv: the trained model's checkpoint and transformers goldens (tests/kjv_golden.rs).
 copy tiny-kjv/hf/config.json tiny-kjv/hf/generation_config.json tiny-kjv/hf/model.safetensors
 copy tiny-kjv/golden/tokens.npy tiny-kjv/golden/logits.npy tiny-kjv/golden/layer_outputs.npy \

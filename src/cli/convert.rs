@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use deltaq::convert::{convert, is_converter_type, ConvertOptions};
+use deltaq::convert::{convert, convert_mmproj, is_converter_type, ConvertOptions};
 use deltaq::quantize::FileType;
 
 #[derive(clap::Args)]
@@ -17,6 +17,10 @@ pub struct Args {
     /// Leave out the MTP (multi-token prediction) block
     #[arg(long)]
     no_mtp: bool,
+    /// Write the vision tower as an mmproj GGUF (llama.cpp's `--mmproj`) instead of the text model;
+    /// outtype f32, f16, bf16 or q8_0
+    #[arg(long)]
+    mmproj: bool,
     /// general.name (default: from config.json's _name_or_path or the folder name)
     #[arg(long)]
     model_name: Option<String>,
@@ -43,7 +47,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         overwrite: a.force,
         progress: true,
     };
-    let s = convert(&a.hf_dir, &a.output, &opts)?;
+    let s = if a.mmproj {
+        convert_mmproj(&a.hf_dir, &a.output, &opts)?
+    } else {
+        convert(&a.hf_dir, &a.output, &opts)?
+    };
     let w = &s.write;
     eprintln!(
         "wrote {} ({}{}, {} tensors): {:.2} MiB, {:.3} bits per weight, {:.1} s, {:.2} GB/s read, {:.2} GB/s written",

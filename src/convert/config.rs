@@ -44,25 +44,8 @@ pub struct Config {
 
 impl Config {
     pub fn load(dir: &Path) -> anyhow::Result<Config> {
-        let path = dir.join("config.json");
-        if !dir.is_dir() {
-            bail!("{} is not a folder", dir.display());
-        }
-        if !path.is_file() {
-            bail!(
-                "{} has no config.json: is it a Hugging Face checkpoint folder?",
-                dir.display()
-            );
-        }
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        let top: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", path.display()))?;
-        let top = top
-            .as_object()
-            .with_context(|| format!("{} is not a JSON object", path.display()))?
-            .clone();
-        Config::from_json(top).with_context(|| format!("in {}", path.display()))
+        let top = read_config_json(dir)?;
+        Config::from_json(top).with_context(|| format!("in {}", dir.join("config.json").display()))
     }
 
     pub fn from_json(top: Map<String, Value>) -> anyhow::Result<Config> {
@@ -301,6 +284,33 @@ impl Config {
                 ),
             );
         }
+    }
+}
+
+/// The top-level object of `dir/config.json`.
+pub fn read_config_json(dir: &Path) -> anyhow::Result<Map<String, Value>> {
+    let path = dir.join("config.json");
+    if !dir.is_dir() {
+        bail!("{} is not a folder", dir.display());
+    }
+    if !path.is_file() {
+        bail!(
+            "{} has no config.json: is it a Hugging Face checkpoint folder?",
+            dir.display()
+        );
+    }
+    read_json_object(&path)
+}
+
+/// A JSON file whose top level is an object.
+pub fn read_json_object(path: &Path) -> anyhow::Result<Map<String, Value>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let top: Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", path.display()))?;
+    match top {
+        Value::Object(m) => Ok(m),
+        _ => bail!("{} is not a JSON object", path.display()),
     }
 }
 

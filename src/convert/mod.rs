@@ -7,6 +7,7 @@
 //! few row chunks whatever the model size.
 
 pub mod config;
+pub mod mmproj;
 pub mod safetensors;
 pub mod tensors;
 pub mod vocab;
@@ -14,7 +15,7 @@ pub mod vocab;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::gguf::{GgufWriter, OwnedValue};
 use crate::quant::GgmlType;
@@ -22,6 +23,8 @@ use crate::quantize::{sort_like_llama_quantize, write_gguf, FileType, Planned, R
 use config::{str_value, Config, GGUF_ARCH};
 use safetensors::Checkpoint;
 use tensors::{map_name, ConvTensor, Mapped};
+
+pub use mmproj::convert_mmproj;
 
 /// Options of `deltaq convert`.
 pub struct ConvertOptions {
@@ -84,7 +87,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &ConvertOptions) -> anyhow::Resu
     }
     if vision > 0 {
         eprintln!(
-            "skipping {vision} vision tensor(s): the vision tower goes into a separate mmproj file, which deltaq does not write yet"
+            "skipping {vision} vision tensor(s): the vision tower goes into a separate mmproj file (deltaq convert --mmproj)"
         );
     }
     if dropped > 0 {
@@ -131,7 +134,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &ConvertOptions) -> anyhow::Resu
     write_sampling(dir, &mut w)?;
     let name = match &opts.model_name {
         Some(n) => n.clone(),
-        None => default_name(dir, &cfg),
+        None => default_name(dir, &cfg.hparams),
     };
     w.set("general.name", str_value(&name));
     w.set("general.size_label", str_value(&size_label(n_params)));
@@ -252,9 +255,8 @@ fn write_sampling(dir: &Path, w: &mut GgufWriter) -> anyhow::Result<()> {
 
 /// `general.name` when none is given: the model id in config.json's `_name_or_path` (if it is one),
 /// else the folder name, title-cased like llama.cpp's `Metadata.id_to_title`.
-fn default_name(dir: &Path, cfg: &Config) -> String {
-    let id = cfg
-        .hparams
+fn default_name(dir: &Path, hparams: &Map<String, Value>) -> String {
+    let id = hparams
         .get("_name_or_path")
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty() && s.matches('/').count() <= 1)

@@ -46,6 +46,41 @@ impl HeadPerm {
     }
 }
 
+/// One temporal slice of a Conv3d kernel `[out, in, frames, kh, kw]`: output row `(o, c, y)` of the
+/// `[out, in, kh, kw]` slice `frame` is source row `((o·in + c)·frames + frame)·kh + y` (rows of `kw`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameSlice {
+    /// Rows per kernel frame (`kh`).
+    pub rows: u64,
+    pub frames: u64,
+    pub frame: u64,
+}
+
+impl FrameSlice {
+    /// The source row of output row `i`.
+    pub fn src(&self, i: u64) -> u64 {
+        let (oc, y) = (i / self.rows, i % self.rows);
+        (oc * self.frames + self.frame) * self.rows + y
+    }
+}
+
+/// Where a tensor's output rows come from, when not in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowMap {
+    Heads(HeadPerm),
+    Frame(FrameSlice),
+}
+
+impl RowMap {
+    /// The source row of output row `i`.
+    pub fn src(&self, i: u64) -> u64 {
+        match self {
+            RowMap::Heads(p) => p.src(i),
+            RowMap::Frame(f) => f.src(i),
+        }
+    }
+}
+
 /// One output tensor of the conversion.
 pub struct ConvTensor<'a> {
     pub ckpt: &'a Checkpoint,
@@ -55,8 +90,8 @@ pub struct ConvTensor<'a> {
     /// ggml order.
     pub ne: Vec<u64>,
     pub transform: Transform,
-    /// Permutation of the rows (`ne[1..]` flattened).
-    pub rows: Option<HeadPerm>,
+    /// Where the rows (`ne[1..]` flattened) come from, if not in order.
+    pub rows: Option<RowMap>,
     /// Permutation of the elements within each row.
     pub cols: Option<HeadPerm>,
     /// The HF name after llama.cpp's renames (used for its type rules).
@@ -315,7 +350,7 @@ impl<'a> ConvTensor<'a> {
             name: m.name.clone(),
             ne,
             transform,
-            rows,
+            rows: rows.map(RowMap::Heads),
             cols,
             hf_name: m.hf_name.clone(),
         })
@@ -480,6 +515,24 @@ mod tests {
         };
         let got: Vec<u64> = (0..11).map(|i| p.src(i)).collect();
         assert_eq!(got, [0, 1, 2, 3, 4, 7, 8, 5, 6, 9, 10]);
+    }
+
+    #[test]
+    fn frame_slice_picks_one_temporal_frame() {
+        // Conv3d [out 2, in 1, frames 2, kh 3, kw]: rows (o, c, t, y) in source order.
+        let src_row = |o: u64, t: u64, y: u64| (o * 2 + t) * 3 + y;
+        for frame in 0..2 {
+            let f = FrameSlice {
+                rows: 3,
+                frames: 2,
+                frame,
+            };
+            let got: Vec<u64> = (0..6).map(|i| f.src(i)).collect();
+            let want: Vec<u64> = (0..2)
+                .flat_map(|o| (0..3).map(move |y| src_row(o, frame, y)))
+                .collect();
+            assert_eq!(got, want);
+        }
     }
 
     #[test]
