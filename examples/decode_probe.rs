@@ -15,7 +15,7 @@ fn main() -> Result<()> {
     let n: usize = args.next().map_or(Ok(32), |s| s.parse())?;
     let path = args
         .next()
-        .unwrap_or_else(|| "models/tiny-kjv-Q8_0.gguf".into());
+        .unwrap_or_else(|| "models/tiny-kjv-mtp-Q8_0.gguf".into());
     let f = GgufFile::open(&path)?;
     let model = Model::load(&f)?;
     let mut s = Session::new(&model, Some(256));
