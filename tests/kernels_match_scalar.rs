@@ -959,3 +959,71 @@ fn streamed_sum_is_the_plain_sum() {
         assert_eq!(deltaq::kernels::sum_words_streamed(w), plain, "{n} words");
     }
 }
+
+/// `matmul` with a few tokens (speculative decoding's verification step: 2 to 4, and every count below
+/// the prefill GEMM's and just past it) gives, per (token, row), exactly the f32 bits of one-token calls,
+/// on every table, for every weight type, with 1 and 2 threads: greedy speculative decoding is
+/// token-identical to plain decoding only if it does. The shapes cover rows left over by the kernels'
+/// row tiles and work items of more rows than `matmul`'s transposition buffer takes at once.
+#[test]
+fn few_token_matmul_equals_one_token_bitwise() {
+    use deltaq::kernels::{matmul_with, Weight};
+    let floats = [GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+    for k in tables() {
+        for (ti, ty) in QUANT_TYPES.into_iter().chain(floats).enumerate() {
+            let float = floats.contains(&ty);
+            let bs = if float { 1 } else { ty.block_size() };
+            for (rows, n, counts) in [
+                (37, 3 * bs.max(19), (1..=17).collect::<Vec<_>>()),
+                (2602, 256, vec![2, 3, 4]),
+            ] {
+                let mut rng = Rng(ti as u64 * 7919 + rows as u64);
+                let w = if float {
+                    let wf: Vec<f32> = (0..rows * n).map(|_| rng.f() * 3.0).collect();
+                    let mut w = vec![0u8; ty.row_bytes((rows * n) as u64).unwrap() as usize];
+                    quant::quantize_row(ty, &wf, &mut w).unwrap();
+                    w
+                } else {
+                    weight_rows(ty, rows, n, Fill::Random, &mut rng)
+                };
+                let weight = Weight {
+                    name: "w",
+                    ty,
+                    n_in: n,
+                    n_out: rows,
+                    data: &w,
+                };
+                let max = *counts.iter().max().unwrap();
+                let x = activations(max, n, &mut rng);
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let one: Vec<Vec<f32>> = (0..max)
+                        .map(|t| {
+                            let mut o = vec![f32::NAN; rows];
+                            pool.install(|| matmul_with(k, &weight, &x[t * n..][..n], 1, &mut o));
+                            o
+                        })
+                        .collect();
+                    for &n_tok in &counts {
+                        let mut got = vec![f32::NAN; n_tok * rows]; // [n_tok × rows]
+                        pool.install(|| matmul_with(k, &weight, &x[..n_tok * n], n_tok, &mut got));
+                        for t in 0..n_tok {
+                            for r in 0..rows {
+                                let (g, o) = (got[t * rows + r], one[t][r]);
+                                assert!(
+                                    g.to_bits() == o.to_bits() || (g.is_nan() && o.is_nan()),
+                                    "{} {ty} rows={rows} n={n} n_tok={n_tok} threads={threads} \
+                                     row {r} tok {t}: {g} vs one token {o}",
+                                    k.isa.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -9,7 +9,7 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
-use super::{kernels, GemmOut, QuantGemm};
+use super::{kernels, GemmOut, Kernels, QuantGemm, FEW_TOKENS};
 use crate::quant::GgmlType;
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
@@ -58,6 +58,12 @@ pub fn matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
     matmuls(x, n_tokens, &mut [(w, out)]);
 }
 
+/// [`matmul`] with the kernel table `k` instead of the chosen one (tests hold every table to the
+/// properties `matmul` promises).
+pub fn matmul_with(k: &'static Kernels, w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) {
+    matmuls_with(k, x, n_tokens, &mut [(w, out)]);
+}
+
 /// Most weights one [`matmuls`] call takes (DeltaNet's input projections are four).
 pub const MAX_JOBS: usize = 4;
 
@@ -72,7 +78,15 @@ thread_local! {
 /// are quantized once per activation type and every product runs in one parallel region (one
 /// fork/join instead of one each).
 pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
-    let k = kernels();
+    matmuls_with(kernels(), x, n_tokens, jobs)
+}
+
+fn matmuls_with(
+    k: &'static Kernels,
+    x: &[f32],
+    n_tokens: usize,
+    jobs: &mut [(&Weight, &mut [f32])],
+) {
     let n_in = x.len() / n_tokens.max(1);
     assert!(
         jobs.len() <= MAX_JOBS,
@@ -150,6 +164,7 @@ pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
                 };
                 let n_tok_blocks = n_tokens.div_ceil(tok_block);
                 Plan {
+                    k,
                     w,
                     act: at[j].map(|start| &buf[start..start + n_tokens * act_bytes(w)]),
                     gemm,
@@ -210,11 +225,13 @@ const GEMM_MIN_TOKENS: usize = 16;
 /// 13.3 and 14.3 GB/s; larger ones no faster.
 const DECODE_ITEM_BYTES: usize = 256 << 10;
 
-/// Weight rows per work item: in decode, the weight cut into at most [`DECODE_ITEM_BYTES`] pieces, their
-/// count a multiple of the threads so that each thread streams the same amount (decode is memory-bound);
-/// [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
+/// Weight rows per work item: in decode and for few tokens (≤ [`FEW_TOKENS`], which the kernels run in
+/// the decode layout: each weight row read once for all tokens), the weight cut into at most
+/// [`DECODE_ITEM_BYTES`] pieces, their count a multiple of the threads so that each thread streams the
+/// same amount (memory-bound); [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels'
+/// row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
-    if n_tokens == 1 {
+    if n_tokens <= FEW_TOKENS {
         decode_rows_per_item(w.data.len(), w.n_out, rayon::current_num_threads())
     } else {
         ROW_BLOCK
@@ -235,6 +252,7 @@ fn is_float(ty: GgmlType) -> bool {
 
 /// One weight's share of a [`matmuls`] call.
 struct Plan<'a> {
+    k: &'static Kernels,
     w: &'a Weight<'a>,
     /// The quantized activations (quantized weights only).
     act: Option<&'a [u8]>,
@@ -259,7 +277,7 @@ unsafe impl Sync for OutPtr {}
 impl Plan<'_> {
     /// Computes rows `r0..r0+rr` × tokens `t0..t0+tt` and stores them into the token-major output.
     fn block(&self, x: &[f32], r0: usize, rr: usize, t0: usize, tt: usize, n_tokens: usize) {
-        let (w, k) = (self.w, kernels());
+        let (w, k) = (self.w, self.k);
         let (n_in, n_out) = (w.n_in, w.n_out);
         let wb = &w.data[r0 * w.row_bytes()..(r0 + rr) * w.row_bytes()];
         if let (Some(g), Some(act)) = (self.gemm, self.act) {
@@ -271,31 +289,40 @@ impl Plan<'_> {
             (g.run)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], o);
             return;
         }
-        let compute = |o: &mut [f32]| match self.act {
-            Some(act) => {
-                let ab = act.len() / n_tokens;
-                (k.quant_rows)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], tt, o)
+        // Rows `r0 + p0 ..` (`pr` of them) of the item → `o` (`[pr × tt]`).
+        let compute = |p0: usize, pr: usize, o: &mut [f32]| {
+            let wb = &wb[p0 * w.row_bytes()..(p0 + pr) * w.row_bytes()];
+            match self.act {
+                Some(act) => {
+                    let ab = act.len() / n_tokens;
+                    (k.quant_rows)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], tt, o)
+                }
+                None => (k.float_rows)(w.ty, wb, &x[t0 * n_in..(t0 + tt) * n_in], tt, o),
             }
-            None => (k.float_rows)(w.ty, wb, &x[t0 * n_in..(t0 + tt) * n_in], tt, o),
         };
         if tt == 1 {
             // SAFETY: `out` is `[n_tokens × n_out]` (checked in `matmuls`, which holds the `&mut` for the
             // whole call); this item alone writes row `t0`'s elements `r0..r0+rr`.
             let o = unsafe { std::slice::from_raw_parts_mut(self.out.0.add(t0 * n_out + r0), rr) };
-            compute(o);
+            compute(0, rr, o);
             return;
         }
-        // The kernels write `[rows × tokens]`; the output is `[tokens × rows]`.
-        let mut tile = [0f32; ROW_BLOCK * TOKEN_BLOCK];
-        let tile = &mut tile[..rr * tt];
-        compute(tile);
-        for t in 0..tt {
-            // SAFETY: as above; this item alone writes token `t0 + t`'s elements `r0..r0+rr`.
-            let o = unsafe {
-                std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0), rr)
-            };
-            for (r, o) in o.iter_mut().enumerate() {
-                *o = tile[r * tt + t];
+        // The kernels write `[rows × tokens]`; the output is `[tokens × rows]`. A few-token item (decode
+        // sized, possibly more than ROW_BLOCK rows) goes through the buffer in pieces.
+        let mut buf = [0f32; ROW_BLOCK * TOKEN_BLOCK];
+        let piece = (buf.len() / tt) / 4 * 4;
+        for p0 in (0..rr).step_by(piece) {
+            let pr = piece.min(rr - p0);
+            let tile = &mut buf[..pr * tt];
+            compute(p0, pr, tile);
+            for t in 0..tt {
+                // SAFETY: as above; this item alone writes token `t0 + t`'s elements `r0..r0+rr`.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0 + p0), pr)
+                };
+                for (r, o) in o.iter_mut().enumerate() {
+                    *o = tile[r * tt + t];
+                }
             }
         }
     }

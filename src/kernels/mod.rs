@@ -14,8 +14,13 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+/// Most tokens of a call that the kernels still run in the decode layout (every weight row streamed from
+/// memory once, for all the call's tokens) and `matmul` splits as decode: speculative decoding's
+/// verification step (the last token and up to three drafted ones).
+pub const FEW_TOKENS: usize = 4;
+
 pub use dispatch::{available, by_isa, kernels, GemmOut, Isa, Kernels, OpsFns, QuantGemm};
-pub use matmul::{can_multiply, decode_rows_per_item, matmul, matmuls, Weight};
+pub use matmul::{can_multiply, decode_rows_per_item, matmul, matmul_with, matmuls, Weight};
 
 /// Wrapping sum of `words`, one plain sequential stream with eight independent accumulators, which
 /// compilers vectorize: a read loop bound by memory, not by the adds (a memory-bandwidth probe).

@@ -5,6 +5,7 @@ use core::arch::x86_64::*;
 
 use super::{hsum_ps, loadu128};
 use crate::kernels::scalar;
+use crate::kernels::FEW_TOKENS;
 use crate::quant::GgmlType;
 
 trait FloatFormat {
@@ -118,6 +119,13 @@ unsafe fn rows<F: FloatFormat, const RD: usize, const RP: usize, const TP: usize
         }
         return;
     }
+    match n_tok {
+        2 => return few::<F, RP, 2>(w, a, n_rows, out),
+        3 => return few::<F, RP, 3>(w, a, n_rows, out),
+        4 => return few::<F, RP, 4>(w, a, n_rows, out),
+        _ => {}
+    }
+    const { assert!(FEW_TOKENS == 4, "one `few` instance per few-token count") };
     let mut t = 0;
     while t < n_tok {
         let tt = TP.min(n_tok - t);
@@ -147,7 +155,39 @@ unsafe fn rows<F: FloatFormat, const RD: usize, const RP: usize, const TP: usize
     }
 }
 
-/// Float weight rows · f32 activation rows, tiles of `RD` rows (decode) and `RP` × `TP` (prefill).
+/// `T` ≤ [`FEW_TOKENS`] tokens (speculative decoding's verification): tiles of `R` rows × all `T` tokens,
+/// so each weight row is read once (the prefill tile's `R`, whose accumulators fit the registers).
+///
+/// # Safety
+/// As [`rows`], which checked the lengths (`out` is `[n_rows × T]`).
+#[inline(always)]
+unsafe fn few<F: FloatFormat, const R: usize, const T: usize>(
+    w: &[u8],
+    a: &[f32],
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    let n = a.len() / T;
+    let rb = n * F::ES;
+    let wrow = |r: usize| &w[r * rb..(r + 1) * rb];
+    let arows: [&[f32]; T] = core::array::from_fn(|t| &a[t * n..(t + 1) * n]);
+    let mut r = 0;
+    while r + R <= n_rows {
+        let res = tile::<F, R, T>(core::array::from_fn(|i| wrow(r + i)), arows, n);
+        for (i, v) in res.iter().enumerate() {
+            out[(r + i) * T..][..T].copy_from_slice(v);
+        }
+        r += R;
+    }
+    for r in r..n_rows {
+        let res = tile::<F, 1, T>([wrow(r)], arows, n);
+        out[r * T..][..T].copy_from_slice(&res[0]);
+    }
+}
+
+/// Float weight rows · f32 activation rows, tiles of `RD` rows (decode), `RP` × all tokens (2 to
+/// [`FEW_TOKENS`], see [`few`]) and `RP` × `TP` (prefill). Each (row, token) gets the same float
+/// operations whatever the tile.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C (the caller's target features).

@@ -19,14 +19,18 @@ use super::{loadu, loadu128, Simd};
 
 impl S16Row for Q6K {
     #[inline(always)]
-    unsafe fn row_sum<S: Simd>(p: *const u8, ab: *const u8, bs: __m256i) -> (__m256i, __m256i) {
+    unsafe fn row_sum<S: Simd, const T: usize>(
+        p: *const u8,
+        ab: &[*const u8; T],
+        bs: &[__m256i; T],
+    ) -> ([__m256i; T], [__m256i; T]) {
         if !S::WIDE {
-            return s16_row_sum::<S, Q6K>(p, ab, bs);
+            return s16_row_sum::<S, Q6K, T>(p, ab, bs);
         }
         // The 16 i8 scales: widened for the offset correction, and as i16 pairs `s | s << 16`, one per
         // u32 lane, for the products.
         let sc8 = loadu128(p.add(192));
-        let corr = _mm256_madd_epi16(bs, _mm256_cvtepi8_epi16(sc8));
+        let sc16 = _mm256_cvtepi8_epi16(sc8);
         let s32 = _mm512_cvtepi8_epi32(sc8);
         let pairs = _mm512_or_si512(
             _mm512_and_si512(s32, _mm512_set1_epi32(0xFFFF)),
@@ -34,7 +38,7 @@ impl S16Row for Q6K {
         );
         // The 128-bit lane of each u32 lane.
         let lane = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        let mut v = _mm512_setzero_si512();
+        let mut v = [_mm512_setzero_si512(); T];
         for h in 0..2 {
             let ql = _mm512_loadu_si512(p.add(64 * h) as *const _);
             let qh = _mm512_broadcast_i64x4(loadu(p.add(128 + 32 * h)));
@@ -68,17 +72,23 @@ impl S16Row for Q6K {
                 };
                 let q = _mm512_or_si512(l, hb);
                 let pair = 2 * h + k; // chunks 2·pair, 2·pair + 1
-                let y = _mm512_loadu_si512(ab.add(AQS + 64 * pair) as *const _);
-                // 128-bit lane i: scale 4·pair + i.
+                                      // 128-bit lane i: scale 4·pair + i.
                 let at = _mm512_add_epi32(lane, _mm512_set1_epi32(4 * pair as i32));
                 let s = _mm512_permutexvar_epi32(at, pairs);
-                v = _mm512_dpwssd_epi32(v, _mm512_maddubs_epi16(q, y), s);
+                for (v, ab) in v.iter_mut().zip(ab) {
+                    let y = _mm512_loadu_si512(ab.add(AQS + 64 * pair) as *const _);
+                    *v = _mm512_dpwssd_epi32(*v, _mm512_maddubs_epi16(q, y), s);
+                }
             }
         }
-        let v = _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64::<1>(v));
-        (
-            _mm256_add_epi32(offset_start::<Q6K>(corr), v),
-            _mm256_setzero_si256(),
-        )
+        let sums = core::array::from_fn(|t| {
+            let corr = _mm256_madd_epi16(bs[t], sc16);
+            let v = _mm256_add_epi32(
+                _mm512_castsi512_si256(v[t]),
+                _mm512_extracti64x4_epi64::<1>(v[t]),
+            );
+            _mm256_add_epi32(offset_start::<Q6K>(corr), v)
+        });
+        (sums, [_mm256_setzero_si256(); T])
     }
 }

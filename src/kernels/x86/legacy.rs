@@ -76,7 +76,15 @@ macro_rules! legacy_format {
                 a: [*const u8; T],
                 nb: usize,
             ) -> [[f32; T]; R] {
-                legacy_tile::<S, $name, R, T>(w, a, nb)
+                legacy_tile::<S, $name, R, T>(w, a, nb, T == 1)
+            }
+            #[inline(always)]
+            unsafe fn stream<S: Simd, const R: usize, const T: usize>(
+                w: [*const u8; R],
+                a: [*const u8; T],
+                nb: usize,
+            ) -> [[f32; T]; R] {
+                legacy_tile::<S, $name, R, T>(w, a, nb, true)
             }
         }
     };
@@ -100,11 +108,14 @@ legacy_format!(Q8_0, 34, 34, Kind::Signed, |p| {
     (loadu(p.add(2)), f16_at(p), 0.0)
 });
 
+/// `R` rows × `T` tokens; `prefetch`: the rows are streamed from memory (decode layout), so request them
+/// ahead of the reads ([`StreamPrefetch`]).
 #[inline(always)]
 unsafe fn legacy_tile<S: Simd, K: Legacy, const R: usize, const T: usize>(
     w: [*const u8; R],
     a: [*const u8; T],
     nb: usize,
+    prefetch: bool,
 ) -> [[f32; T]; R] {
     let zero = _mm256_setzero_si256();
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -116,7 +127,7 @@ unsafe fn legacy_tile<S: Simd, K: Legacy, const R: usize, const T: usize>(
     let qoff = K::AB - 32;
     let mut pf = StreamPrefetch::new(w);
     for b in 0..nb {
-        if T == 1 {
+        if prefetch {
             pf.upto((b + 1) * K::WB);
         }
         let mut q = [zero; R];

@@ -6,12 +6,15 @@
 //! modules hand out their tables only after `is_x86_feature_detected!` confirmed the features.
 //!
 //! Layout of the work: a call gets `n_rows` weight rows and `n_tok` quantized activation rows. Decode
-//! (`n_tok == 1`) runs tiles of several rows × 1 token (the activation chunk is loaded once for all rows);
+//! (`n_tok == 1`, and up to `FEW_TOKENS` for speculative decoding's verification) runs tiles of several
+//! rows × all tokens (the activation chunk is loaded once for all rows, each weight row read once);
 //! prefill runs tiles of rows × tokens, token tiles outermost so the call's weight rows stay in cache
 //! while the activations stream through once. Integer sums are exact (the same i32 values as the scalar
 //! reference); only the float accumulation differs in association.
 
 use core::arch::x86_64::*;
+
+use super::FEW_TOKENS;
 
 mod attend;
 pub mod avx2;
@@ -195,21 +198,30 @@ unsafe fn hsum_ps(v: __m256) -> f32 {
 }
 
 /// The per-tile interface every quantized weight type implements: `R` weight rows × `T` activation rows,
-/// `nb` blocks each; returns `out[r][t]`.
+/// `nb` blocks each; returns `out[r][t]`. Every shape gives each (row, token) the same float operations
+/// in the same order, so results do not depend on the tiling.
 pub(crate) trait QuantTile {
     /// Bytes per weight block.
     const WB: usize;
     /// Bytes per activation block.
     const AB: usize;
+    /// A prefill tile (the rows are in cache, read once per token tile).
     unsafe fn tile<S: Simd, const R: usize, const T: usize>(
+        w: [*const u8; R],
+        a: [*const u8; T],
+        nb: usize,
+    ) -> [[f32; T]; R];
+    /// A tile of the decode layout (`T` ≤ [`FEW_TOKENS`]): each row is read from memory once for all
+    /// tokens, with software prefetch ([`StreamPrefetch`]).
+    unsafe fn stream<S: Simd, const R: usize, const T: usize>(
         w: [*const u8; R],
         a: [*const u8; T],
         nb: usize,
     ) -> [[f32; T]; R];
 }
 
-/// `out[r * n_tok + t] = W[r] · A[t]` with tiles of `RD` rows for decode and `RP` rows × `TP` tokens
-/// for prefill.
+/// `out[r * n_tok + t] = W[r] · A[t]` with tiles of `RD` rows × all tokens for decode and few tokens
+/// (≤ [`FEW_TOKENS`], see [`stripes`]) and `RP` rows × `TP` tokens for prefill.
 ///
 /// # Safety
 /// The CPU must support the features `S` and `K` are compiled for (the caller's target features).
@@ -241,23 +253,12 @@ pub(crate) unsafe fn quant_rows<
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let wrow = |r: usize| wp.add(r * rb);
     let arow = |t: usize| ap.add(t * ab);
-    if n_tok == 1 {
-        // Decode: the rows are cut into RD stripes of q consecutive rows and tile g takes row g of each
-        // stripe, so each of the tile's row streams walks its own stripe forward through memory. The L2
-        // prefetcher follows RD such streams as it follows one sequential read. Tiles of RD adjacent rows
-        // instead interleave RD streams a row apart in the same 4 KiB pages, which it follows poorly:
-        // 8.7 against 12.9 GB/s for a 4096×4096 Q4_K from memory (`examples/kq_speed ratio`).
-        let q = n_rows / RD;
-        for g in 0..q {
-            let res = K::tile::<S, RD, 1>(core::array::from_fn(|i| wrow(g + i * q)), [arow(0)], nb);
-            for (i, v) in res.iter().enumerate() {
-                out[g + i * q] = v[0];
-            }
-        }
-        for (r, o) in out.iter_mut().enumerate().skip(RD * q) {
-            *o = K::tile::<S, 1, 1>([wrow(r)], [arow(0)], nb)[0][0];
-        }
-        return;
+    match n_tok {
+        1 => return stripes::<S, K, RD, 1>(w, a, n_rows, out),
+        2 => return stripes::<S, K, RD, 2>(w, a, n_rows, out),
+        3 => return stripes::<S, K, RD, 3>(w, a, n_rows, out),
+        4 => return stripes::<S, K, RD, 4>(w, a, n_rows, out),
+        _ => {}
     }
     let mut t = 0;
     while t < n_tok {
@@ -305,6 +306,46 @@ pub(crate) unsafe fn quant_rows<
             r += rr;
         }
         t += tt;
+    }
+}
+
+// `quant_rows` has one `stripes` instance per few-token count.
+const _: () = assert!(FEW_TOKENS == 4);
+
+/// The decode layout, for `T` ≤ [`FEW_TOKENS`] tokens (decode, and the verification step of speculative
+/// decoding): the rows are cut into RD stripes of q consecutive rows and tile g takes row g of each
+/// stripe, all `T` tokens at once, so each of the tile's row streams walks its own stripe forward through
+/// memory and every weight byte is read once. The L2 prefetcher follows RD such streams as it follows
+/// one sequential read. Tiles of RD adjacent rows instead interleave RD streams a row apart in the same
+/// 4 KiB pages, which it follows poorly: 8.7 against 12.9 GB/s for a 4096×4096 Q4_K from memory
+/// (`examples/kq_speed ratio`).
+///
+/// # Safety
+/// As [`quant_rows`], which checked the lengths (`n_rows` rows of `w`, `T` rows of `a`, `out` is
+/// `[n_rows × T]`).
+#[inline(always)]
+unsafe fn stripes<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
+    w: &[u8],
+    a: &[u8],
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    let rb = w.len() / n_rows;
+    let ab = a.len() / T;
+    let nb = rb / K::WB;
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let wrow = |r: usize| wp.add(r * rb);
+    let arows: [*const u8; T] = core::array::from_fn(|t| ap.add(t * ab));
+    let q = n_rows / RD;
+    for g in 0..q {
+        let res = K::stream::<S, RD, T>(core::array::from_fn(|i| wrow(g + i * q)), arows, nb);
+        for (i, v) in res.iter().enumerate() {
+            out[(g + i * q) * T..][..T].copy_from_slice(v);
+        }
+    }
+    for r in RD * q..n_rows {
+        let res = K::stream::<S, 1, T>([wrow(r)], arows, nb);
+        out[r * T..][..T].copy_from_slice(&res[0]);
     }
 }
 
