@@ -45,3 +45,10 @@ done
 copy tiny-kjv/hf/config.json tiny-kjv/hf/generation_config.json tiny-kjv/hf/model.safetensors
 copy tiny-kjv/golden/tokens.npy tiny-kjv/golden/logits.npy tiny-kjv/golden/layer_outputs.npy \
   tiny-kjv/golden/embeddings.npy tiny-kjv/golden/final_hidden.npy
+
+# Image preprocessing (tests/vision_preprocess.rs): tiny-v1's test images, the processor's resized images
+# and its pixel_values / image_grid_thw.
+for i in 0 1 2; do
+  copy "tiny-v1/images/img$i.png" "tiny-v1/images/img${i}_resized.png"
+  copy "tiny-v1/golden/img${i}_pixel_values.npy" "tiny-v1/golden/img${i}_grid_thw.npy"
+done
