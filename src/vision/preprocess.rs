@@ -44,6 +44,10 @@ pub const DEFAULT_MIN_TOKENS: usize = 64;
 pub const DEFAULT_MAX_TOKENS: usize = 4096;
 /// The released Qwen3.5 processor's maximum, in merged tokens (`size.longest_edge` = 16777216 pixels).
 pub const RELEASED_MAX_TOKENS: usize = 16384;
+/// Memory guard: the largest resized image [`preprocess`] makes, 2 × the released maximum (33554432
+/// pixels, pixel_values of 805 MB). smart_resize can overshoot max_pixels (a side is at least one block)
+/// and min_pixels (ceil on both sides), so the ceiling is above the largest allowed limit.
+pub const MAX_RESIZED_PIXELS: usize = 2 * RELEASED_MAX_TOKENS * 1024;
 /// transformers' `smart_resize` refuses images whose long side is more than 200 times the short one.
 pub const MAX_ASPECT_RATIO: f64 = 200.0;
 
@@ -100,6 +104,7 @@ impl PreprocessConfig {
         cfg.max_pixels = max_tokens
             .checked_mul(token)
             .ok_or_else(|| anyhow!("image token maximum {max_tokens} is too large"))?;
+        cfg.validate()?;
         Ok(cfg)
     }
 
@@ -139,6 +144,12 @@ impl PreprocessConfig {
             "min_pixels {} is above max_pixels {}",
             self.min_pixels,
             self.max_pixels
+        );
+        ensure!(
+            self.max_pixels <= MAX_RESIZED_PIXELS / 2,
+            "max_pixels {} is above the released processor's maximum of {} ({RELEASED_MAX_TOKENS} tokens)",
+            self.max_pixels,
+            MAX_RESIZED_PIXELS / 2
         );
         for c in 0..3 {
             ensure!(
@@ -548,6 +559,10 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<Patches> {
     cfg.validate()?;
     let (h, w) = (img.height() as usize, img.width() as usize);
     let (rh, rw) = smart_resize(h, w, cfg.factor(), cfg.min_pixels, cfg.max_pixels)?;
+    ensure!(
+        rh * rw <= MAX_RESIZED_PIXELS,
+        "the {w}x{h} image would be resized to {rw}x{rh}, above the ceiling of {MAX_RESIZED_PIXELS} pixels"
+    );
     let resized = if (rh, rw) == (h, w) {
         Cow::Borrowed(img)
     } else {
@@ -668,6 +683,7 @@ mod tests {
         assert!(PreprocessConfig::from_token_limits(100, 10).is_err());
         assert!(PreprocessConfig::from_token_limits(0, 10).is_err());
         assert!(PreprocessConfig::from_token_limits(1, usize::MAX).is_err());
+        assert!(PreprocessConfig::from_token_limits(64, RELEASED_MAX_TOKENS + 1).is_err());
         assert!(cfg
             .clone()
             .with_mean_std([0.5; 3], [0.5, 0.0, 0.5])
@@ -695,6 +711,107 @@ mod tests {
         let f = AxisFilter::new(100, 352);
         assert_eq!(f.ksize, 5);
         assert_eq!(f.precision, 14);
+    }
+
+    /// An independent float64 model of the same resize: weights from the kernel over every input index
+    /// (no tap ranges), each pass rounded half up and clamped to uint8. The fixed-point result must stay
+    /// within 1 level of it (weights quantised to 14..22 bits move a sum by far less than a level, so
+    /// only values within a hair of .5 may round the other way).
+    fn resize_f64_model(img: &RgbImage, out_w: usize, out_h: usize) -> Vec<u8> {
+        let weights = |n_in: usize, n_out: usize| -> Vec<Vec<f64>> {
+            let scale = n_in as f64 / n_out as f64;
+            let stretch = scale.max(1.0);
+            (0..n_out)
+                .map(|i| {
+                    let center = scale * (i as f64 + 0.5);
+                    let w: Vec<f64> = (0..n_in)
+                        .map(|j| keys_cubic((j as f64 + 0.5 - center) / stretch))
+                        .collect();
+                    let total: f64 = w.iter().sum();
+                    w.iter().map(|v| v / total).collect()
+                })
+                .collect()
+        };
+        let to_u8 = |v: f64| (v + 0.5).floor().clamp(0.0, 255.0) as u8;
+        let (w_in, h_in) = (img.width() as usize, img.height() as usize);
+        let src = img.as_raw();
+        let mut mid = src.to_vec();
+        if out_w != w_in {
+            let wx = weights(w_in, out_w);
+            mid = vec![0; h_in * out_w * 3];
+            for y in 0..h_in {
+                for x in 0..out_w {
+                    for c in 0..3 {
+                        let v: f64 = (0..w_in)
+                            .map(|j| wx[x][j] * f64::from(src[(y * w_in + j) * 3 + c]))
+                            .sum();
+                        mid[(y * out_w + x) * 3 + c] = to_u8(v);
+                    }
+                }
+            }
+        }
+        if out_h == h_in {
+            return mid;
+        }
+        let wy = weights(h_in, out_h);
+        let mut out = vec![0; out_h * out_w * 3];
+        for y in 0..out_h {
+            for x in 0..out_w * 3 {
+                let v: f64 = (0..h_in)
+                    .map(|j| wy[y][j] * f64::from(mid[j * out_w * 3 + x]))
+                    .sum();
+                out[y * out_w * 3 + x] = to_u8(v);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn resize_agrees_with_a_float64_model() {
+        // Hash noise plus gradients and hard edges: overshoot and clamping both happen.
+        let img = RgbImage::from_fn(211, 97, |x, y| {
+            let noise = (x.wrapping_mul(2654435761) ^ y.wrapping_mul(40503)) >> 7;
+            let edge = if (x / 13 + y / 7) % 2 == 0 { 0 } else { 255 };
+            image::Rgb([(noise % 256) as u8, edge, (x + 2 * y) as u8])
+        });
+        // Upscales, small and large downscales (kernel widened up to ~17x); one axis, then both (where a
+        // 1-level difference after the first pass can become 2 after the second).
+        let cases = [
+            (352, 97),
+            (500, 97),
+            (200, 97),
+            (12, 97),
+            (211, 224),
+            (211, 40),
+            (211, 6),
+            (352, 224),
+            (96, 64),
+            (12, 7),
+            (3, 3),
+        ];
+        for (w, h) in cases {
+            let ours = resize_bicubic_aa(&img, w, h).unwrap();
+            let model = resize_f64_model(&img, w as usize, h as usize);
+            let mut max = 0;
+            let mut differ = 0;
+            for (&a, &b) in ours.as_raw().iter().zip(&model) {
+                max = max.max(a.abs_diff(b));
+                differ += usize::from(a != b);
+            }
+            let one_axis = w == img.width() || h == img.height();
+            assert!(
+                max <= if one_axis { 1 } else { 2 },
+                "{w}x{h}: max diff {max}"
+            );
+            // Measured 0.0 .. 0.4 %; on tiny outputs of the smooth channel up to 10 % (a linear gradient
+            // puts many values within 0.005 of a .5 tie, where the int16 weights decide).
+            let allowed = if model.len() >= 10_000 { 0.01 } else { 0.15 };
+            assert!(
+                differ as f64 <= allowed * model.len() as f64,
+                "{w}x{h}: {differ} of {} differ",
+                model.len()
+            );
+        }
     }
 
     #[test]
