@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use deltaq::npy;
 use deltaq::vision::preprocess::{
-    decode_image, decode_image_with_limits, preprocess, resize_bicubic_aa, smart_resize,
-    DecodeLimits, PreprocessConfig, RgbImage, RELEASED_MAX_TOKENS,
+    decode_image, decode_image_with_limits, preprocess, preprocess_bytes, resize_bicubic_aa,
+    smart_resize, DecodeLimits, PreprocessConfig, RgbImage, RELEASED_MAX_TOKENS,
 };
 use image::{DynamicImage, ImageBuffer, ImageFormat, Luma, LumaA, Rgb, Rgba};
 
@@ -80,6 +80,9 @@ fn pixel_values_match_the_processor() {
             "img{i}: only {:.4} % identical",
             100.0 * share
         );
+        let from_bytes =
+            preprocess_bytes(&read(&format!("images/img{i}.png")), &released()).unwrap();
+        assert_eq!(from_bytes, patches);
     }
 }
 

@@ -16,7 +16,8 @@
 //!   llama.cpp's `--image-min-tokens` / `--image-max-tokens` (one merged token = (16·2)² = 1024 pixels).
 //! - [`smart_resize`]: the target size, with Python's round-half-to-even and the aspect-ratio limit (200).
 //! - [`resize_bicubic_aa`]: torchvision `resize(BICUBIC, antialias=True)` on uint8, bit-exact arithmetic.
-//! - [`preprocess`]: image -> [`Patches`] (`pixel_values [N × 3·2·16·16]`, grid in patches, t = 1).
+//! - [`preprocess`]: image -> [`Patches`] (`pixel_values [N × 3·2·16·16]`, grid in patches, t = 1);
+//!   [`preprocess_bytes`]: decode + preprocess.
 //!
 //! Token limits: the released Qwen3.5 processor allows 64..16384 merged tokens (min_pixels 65536,
 //! max_pixels 16777216). 16384 tokens is a lot of vision-tower work for a CPU, so our default maximum is
@@ -195,6 +196,10 @@ pub fn decode_image(bytes: &[u8]) -> Result<RgbImage> {
 /// (`transformers.image_utils.load_image`: `PIL.Image.open`, `ImageOps.exif_transpose`, `convert("RGB")`):
 /// the EXIF orientation is applied and the pixels are converted the way Pillow's `convert("RGB")` does
 /// (see [`to_rgb8_like_pillow`]). The header's size is checked against `limits` before decoding.
+///
+/// PNG and lossless WebP decode to the same pixels as Pillow. JPEG goes through zune-jpeg, not
+/// libjpeg-turbo as in Pillow: its IDCT and chroma upsampling may differ by a level here and there, and a
+/// CMYK / YCCK JPEG is converted to RGB by zune-jpeg, not by Pillow's `convert("RGB")`.
 pub fn decode_image_with_limits(bytes: &[u8], limits: DecodeLimits) -> Result<RgbImage> {
     ensure!(!bytes.is_empty(), "the image file is empty");
     let mut reader = ImageReader::new(Cursor::new(bytes))
@@ -573,6 +578,12 @@ pub fn preprocess(img: &RgbImage, cfg: &PreprocessConfig) -> Result<Patches> {
         Cow::Owned(resize_bicubic_aa(img, rw32, rh32)?)
     };
     Ok(patchify(&resized, cfg))
+}
+
+/// [`decode_image`] then [`preprocess`]: image file bytes -> vision-tower input.
+pub fn preprocess_bytes(bytes: &[u8], cfg: &PreprocessConfig) -> Result<Patches> {
+    let img = decode_image(bytes)?;
+    preprocess(&img, cfg)
 }
 
 /// Normalise and lay out a `[h × w × 3]` image whose sides are multiples of patch · merge.
