@@ -23,7 +23,8 @@
 //! max_pixels 16777216). 16384 tokens is a lot of vision-tower work for a CPU, so our default maximum is
 //! llama.cpp's for this projector family (`clip.cpp`: `set_limit_image_tokens(8, 4096)`): 4096 tokens =
 //! 4194304 pixels. The minimum stays the released 64 tokens (llama.cpp's own default is 8, which changes
-//! small images: see the fixture notes). Images between the two limits are processed identically by both.
+//! small images: see the fixture notes). An image that needs at most 4096 tokens is processed exactly as by
+//! the released processor; a larger one is scaled down further than the released processor would.
 
 use std::borrow::Cow;
 use std::io::Cursor;
@@ -34,7 +35,7 @@ use rayon::prelude::*;
 
 pub use image::RgbImage;
 
-/// Pixels of one merged token side: patch 16 × merge 2.
+/// Qwen3.5's vision geometry: 16-pixel patches, 2 × 2 patches per merged token, 2 frames per image.
 const QWEN_PATCH: usize = 16;
 const QWEN_MERGE: usize = 2;
 const QWEN_TEMPORAL: usize = 2;
