@@ -63,3 +63,10 @@ for g in tokens trunk_hidden mtp_logits mtp_activations chain_starts chain_token
   llama_q8_0_mtp_logits; do
   copy "tiny-kjv-mtp/golden/$g.npy"
 done
+
+# Image preprocessing (tests/vision_preprocess.rs): tiny-v1's test images, the processor's resized images
+# and its pixel_values / image_grid_thw.
+for i in 0 1 2; do
+  copy "tiny-v1/images/img$i.png" "tiny-v1/images/img${i}_resized.png"
+  copy "tiny-v1/golden/img${i}_pixel_values.npy" "tiny-v1/golden/img${i}_grid_thw.npy"
+done
