@@ -417,8 +417,8 @@ mod tests {
 /// Costs of self-speculative decoding with `k` drafts per step, medians of `reps` runs at a depth of
 /// `depth` tokens: a 1-token decode step, a (k+1)-token verification pass (rolled back after each
 /// run), and drafting `k` tokens with the MTP block. Random weights accept no drafts, so the
-/// verification's cost relative to a plain step is what a bench can say about the speed-up; with
-/// acceptance `a` per draft the step yields `(1 − a^(k+1)) / (1 − a)` tokens.
+/// verification's cost relative to a plain step is what a bench can say about the speed-up: a step
+/// whose drafts are accepted at the pooled rate `r` (accepted / drafted) yields `1 + k·r` tokens.
 #[derive(Clone, Copy, Debug)]
 pub struct DraftCosts {
     pub k: usize,
@@ -438,10 +438,9 @@ impl DraftCosts {
         (self.verify_ns + self.draft_ns) / self.plain_ns
     }
 
-    /// Expected speed-up over plain decoding at acceptance `a` of each draft (independent drafts).
-    pub fn speedup(&self, a: f64) -> f64 {
-        let tokens: f64 = (0..=self.k).map(|i| a.powi(i as i32)).sum();
-        tokens / self.step_ratio()
+    /// Projected speed-up over plain decoding when drafts are accepted at the pooled rate `r`.
+    pub fn speedup(&self, r: f64) -> f64 {
+        (1.0 + self.k as f64 * r) / self.step_ratio()
     }
 }
 
