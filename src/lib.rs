@@ -14,3 +14,4 @@ pub mod quantize;
 pub mod sampling;
 pub mod server;
 pub mod tokenizer;
+pub mod vision;

@@ -45,3 +45,12 @@ done
 copy tiny-kjv/hf/config.json tiny-kjv/hf/generation_config.json tiny-kjv/hf/model.safetensors
 copy tiny-kjv/golden/tokens.npy tiny-kjv/golden/logits.npy tiny-kjv/golden/layer_outputs.npy \
   tiny-kjv/golden/embeddings.npy tiny-kjv/golden/final_hidden.npy
+
+# Vision tower (tests/vision_tower.rs): tiny-v1's mmproj files, the processor's pixel_values and grids of
+# its three images, and transformers' float64 tower outputs (merger, per block, position embeddings).
+copy tiny-v1/mmproj-tiny-v1-F32.gguf tiny-v1/mmproj-tiny-v1-F16.gguf
+for i in 0 1 2; do
+  copy "tiny-v1/golden/img${i}_pixel_values.npy" "tiny-v1/golden/img${i}_grid_thw.npy" \
+    "tiny-v1/golden/img${i}_vision_out_f64.npy"
+done
+copy tiny-v1/golden/img0_vision_blocks_f64.npy tiny-v1/golden/img0_pos_embeds_f64.npy
