@@ -37,8 +37,8 @@ pub struct VisionScratch {
     h: Vec<f32>,
     /// `[N × 3D]` q, k, v of every patch.
     qkv: Vec<f32>,
-    /// `[H × hd × N]` each head's keys, transposed.
-    kt: Vec<f32>,
+    /// `[H × (hd × N + N × hd)]` each head's keys, transposed, then its values.
+    kv: Vec<f32>,
     /// `[N × D]` attention output (heads side by side).
     attn: Vec<f32>,
     /// `[N × F]` the MLP's hidden layer; `[N/merge² × merge²·D]` the merger's.
@@ -67,6 +67,10 @@ pub enum VisionTap<'s> {
 
 /// Queries per attention work item: their scores `[QUERY_BLOCK × N]` stay in L2 (N = 3072: 384 KiB).
 const QUERY_BLOCK: usize = 32;
+
+/// Keys per attention GEMM: their `K_hᵀ` columns or `V_h` rows (64 KiB at hd = 64) stay in L2 while every
+/// query row of the block uses them.
+const KEY_CHUNK: usize = 256;
 
 thread_local! {
     /// A worker's attention scores, kept from one call to the next.
@@ -139,7 +143,7 @@ impl<'a> VisionModel<'a> {
             (&mut s.x, n * d),
             (&mut s.h, n * d),
             (&mut s.qkv, n * 3 * d),
-            (&mut s.kt, n * d),
+            (&mut s.kv, 2 * n * d),
             (&mut s.attn, n * d),
             (&mut s.ffn, n * ff.max(d)),
             (&mut s.cos, n * hd / 2),
@@ -165,7 +169,7 @@ impl<'a> VisionModel<'a> {
             layer_norm_rows(x, &b.ln1_w, &b.ln1_b, h);
             linear(&b.qkv, &b.qkv_b, h, n, qkv);
             self.rotate_qk(qkv, &s.cos, &s.sin);
-            self.attention(qkv, n, &mut s.kt, attn);
+            self.attention(qkv, n, &mut s.kv, attn);
             linear(&b.out, &b.out_b, attn, n, h);
             add_rows(x, h);
             // x += fc2(gelu_tanh(fc1(LN2(x))))
@@ -280,22 +284,24 @@ impl<'a> VisionModel<'a> {
 
     /// `out [N × D]`: per head, `softmax(q·kᵀ/√hd)·v` over all `n` patches. Work items are blocks of
     /// queries (all heads), so each writes its own rows of `out`.
-    fn attention(&self, qkv: &[f32], n: usize, kt: &mut [f32], out: &mut [f32]) {
+    fn attention(&self, qkv: &[f32], n: usize, kv: &mut [f32], out: &mut [f32]) {
         let (d, hd, nh) = (self.hp.n_embd, self.hp.head_dim, self.hp.n_head);
         let scale = 1.0 / (hd as f32).sqrt();
-        // kt[h] = K_hᵀ [hd × N], so that the scores are a plain GEMM.
-        kt[..nh * hd * n]
-            .par_chunks_mut(hd * n)
+        // Per head, K_hᵀ [hd × N] then V_h [N × hd], contiguous: the scores are a plain GEMM and both
+        // products read their B operand in unit-stride rows.
+        kv.par_chunks_mut(2 * hd * n)
             .enumerate()
-            .for_each(|(head, kt)| {
-                for t in 0..n {
-                    let k = &qkv[t * 3 * d + d + head * hd..][..hd];
-                    for (c, &k) in k.iter().enumerate() {
+            .for_each(|(head, kv)| {
+                let (kt, v) = kv.split_at_mut(hd * n);
+                for (t, v) in v.chunks_exact_mut(hd).enumerate() {
+                    let row = &qkv[t * 3 * d + head * hd..];
+                    for (c, &k) in row[d..][..hd].iter().enumerate() {
                         kt[c * n + t] = k;
                     }
+                    v.copy_from_slice(&row[2 * d..][..hd]);
                 }
             });
-        let kt = &kt[..nh * hd * n];
+        let kv = &*kv;
         out.par_chunks_mut(QUERY_BLOCK * d)
             .enumerate()
             .for_each(|(blk, out)| {
@@ -307,36 +313,45 @@ impl<'a> VisionModel<'a> {
                 let sc = &mut scores[..rows * n];
                 for head in 0..nh {
                     let q = &qkv[t0 * 3 * d + head * hd..];
-                    // S = scale · Q_h K_hᵀ   [rows × N]
-                    gemm(
-                        rows,
-                        n,
-                        hd,
-                        scale,
-                        q,
-                        3 * d,
-                        &kt[head * hd * n..],
-                        n,
-                        0.0,
-                        sc,
-                        n,
-                    );
+                    let (kt, v) = kv[head * 2 * hd * n..][..2 * hd * n].split_at(hd * n);
+                    // S = scale · Q_h K_hᵀ   [rows × N], KEY_CHUNK keys at a time (their K_hᵀ
+                    // columns stay in cache for all the rows).
+                    for j0 in (0..n).step_by(KEY_CHUNK) {
+                        let nc = KEY_CHUNK.min(n - j0);
+                        gemm(
+                            rows,
+                            nc,
+                            hd,
+                            scale,
+                            q,
+                            3 * d,
+                            &kt[j0..],
+                            n,
+                            0.0,
+                            &mut sc[j0..],
+                            n,
+                        );
+                    }
                     sc.chunks_exact_mut(n).for_each(ops::softmax);
-                    // O_h = S · V_h   [rows × hd], into this head's columns of `out`
-                    let v = &qkv[2 * d + head * hd..];
-                    gemm(
-                        rows,
-                        hd,
-                        n,
-                        1.0,
-                        sc,
-                        n,
-                        v,
-                        3 * d,
-                        0.0,
-                        &mut out[head * hd..],
-                        d,
-                    );
+                    // O_h = S · V_h   [rows × hd] into this head's columns of `out`, summed over
+                    // KEY_CHUNK keys at a time (their V_h rows stay in cache for all the rows).
+                    let o = &mut out[head * hd..];
+                    for p0 in (0..n).step_by(KEY_CHUNK) {
+                        let (pc, beta) = (KEY_CHUNK.min(n - p0), if p0 == 0 { 0.0 } else { 1.0 });
+                        gemm(
+                            rows,
+                            hd,
+                            pc,
+                            1.0,
+                            &sc[p0..],
+                            n,
+                            &v[p0 * hd..],
+                            hd,
+                            beta,
+                            o,
+                            d,
+                        );
+                    }
                 }
                 SCORES.set(scores);
             });
