@@ -200,6 +200,15 @@ fn rebuild(
     drop: &[&str],
     reshape: &[(&str, &[u64])],
 ) -> GgufFile {
+    GgufFile::from_bytes(rebuild_bytes(src, kv, drop, reshape)).unwrap()
+}
+
+fn rebuild_bytes(
+    src: &GgufFile,
+    kv: &[(&str, OwnedValue)],
+    drop: &[&str],
+    reshape: &[(&str, &[u64])],
+) -> Vec<u8> {
     let mut w = GgufWriter::new();
     for (k, v) in src.metadata() {
         w.set(k, v.to_owned_value());
@@ -226,7 +235,7 @@ fn rebuild(
             .map_err(|e| deltaq::gguf::GgufError::Io(e.to_string()))
     })
     .unwrap();
-    GgufFile::from_bytes(bytes).unwrap()
+    bytes
 }
 
 fn load_error(f: &GgufFile) -> String {
@@ -374,4 +383,44 @@ fn bad_inputs_are_errors() {
     bad[1000] = f32::NAN;
     let msg = e(model.encode(&bad, gh, gw, &mut s));
     assert!(msg.contains("NaN"), "{msg}");
+}
+
+/// `deltaq inspect` on an mmproj: the dump, then a line on the tower (or why deltaq cannot run it).
+#[test]
+fn inspect_summarizes_mmproj() {
+    let run = |path: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_deltaq"))
+            .arg("inspect")
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run(&fixture("tiny-v1/mmproj-tiny-v1-F16.gguf"));
+    assert!(
+        text.contains("clip.projector_type = \"qwen3vl_merger\""),
+        "{text}"
+    );
+    assert!(text.contains("| F16     |"), "{text}");
+    let summary = text.lines().last().unwrap();
+    assert!(
+        summary.contains("2 blocks, width 64 (4 heads of 16), FFN 256, output width 256")
+            && summary.contains("patch 16 px, merge 2x2"),
+        "{summary}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.gguf");
+    let bytes = rebuild_bytes(&mmproj_file("F16"), &[], &["mm.2.bias"], &[]);
+    std::fs::write(&broken, bytes).unwrap();
+    let summary = run(&broken).lines().last().unwrap().to_string();
+    assert!(
+        summary.contains("cannot run") && summary.contains("missing tensor 'mm.2.bias'"),
+        "{summary}"
+    );
 }
