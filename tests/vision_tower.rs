@@ -424,3 +424,17 @@ fn inspect_summarizes_mmproj() {
         "{summary}"
     );
 }
+
+/// The smallest grids (one merged token, one row or column of them) run and give finite rows.
+#[test]
+fn small_grids_run() {
+    let f = mmproj_file("F32");
+    let model = VisionModel::load(&f).unwrap();
+    let (px, _, _) = image(0);
+    let mut s = VisionScratch::new();
+    for (gh, gw) in [(2, 2), (2, 6), (6, 2), (4, 4)] {
+        let out = model.encode(&px[..gh * gw * 1536], gh, gw, &mut s).unwrap();
+        assert_eq!(out.len(), gh * gw / 4 * 256, "{gh}x{gw}");
+        assert!(out.iter().all(|v| v.is_finite()), "{gh}x{gw}");
+    }
+}
