@@ -70,3 +70,12 @@ for i in 0 1 2; do
   copy "tiny-v1/images/img$i.png" "tiny-v1/images/img${i}_resized.png"
   copy "tiny-v1/golden/img${i}_pixel_values.npy" "tiny-v1/golden/img${i}_grid_thw.npy"
 done
+
+# Vision tower (tests/vision_tower.rs): tiny-v1's mmproj files, the processor's pixel_values and grids of
+# its three images, and transformers' float64 tower outputs (merger, per block, position embeddings).
+copy tiny-v1/mmproj-tiny-v1-F32.gguf tiny-v1/mmproj-tiny-v1-F16.gguf
+for i in 0 1 2; do
+  copy "tiny-v1/golden/img${i}_pixel_values.npy" "tiny-v1/golden/img${i}_grid_thw.npy" \
+    "tiny-v1/golden/img${i}_vision_out_f64.npy"
+done
+copy tiny-v1/golden/img0_vision_blocks_f64.npy tiny-v1/golden/img0_pos_embeds_f64.npy

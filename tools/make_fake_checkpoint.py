@@ -3,7 +3,7 @@
 published ones (Qwen3_5ForConditionalGeneration naming, model.safetensors.index.json, MTP block), to
 measure `deltaq convert` on full-size models without downloading one.
 
-    tools/make_fake_checkpoint.py OUT_DIR [--size 9b|4b|2b|0.8b] [--shard-gb 5]
+    tools/make_fake_checkpoint.py OUT_DIR [--size 9b|4b|2b|0.8b] [--shard-gb 5] [--vision]
                                   [--tokenizer-from HF_DIR | --tokenizer-gguf VOCAB_GGUF]
 
 Only numpy is needed. Values have a realistic scale so that a model made from them runs with finite,
@@ -12,6 +12,10 @@ N(0, 0.5), zero-centred RMSNorm weights (stored +0, the converter adds 1) N(0, 0
 norm 1 + N(0, 0.1), A_log = log U(1, 16) and dt_bias 1 + N(0, 0.1) as transformers initialises them.
 Standard normals are drawn once into a pool that the tensors reuse at varying offsets (one scaled BF16
 copy per scale), so writing is disk-bound. Put the output outside the repository (it is ~19 GB for 9b).
+
+--vision adds the vision tower (model.visual.*, the full vision_config and preprocessor_config.json) for
+the sizes whose tower shape is known (0.8b, 9b): Conv3d patch embedding N(0, 1/sqrt(1536)), position
+table N(0, 0.5), LayerNorm weights 1 + N(0, 0.1), biases N(0, 0.1), matrices as above.
 
 The tokenizer: --tokenizer-from copies tokenizer.json / tokenizer_config.json from a Hugging Face folder;
 --tokenizer-gguf rebuilds them from a vocab-only GGUF (tokens, types, merges, special ids, chat template),
@@ -33,6 +37,51 @@ SIZES = {
     "9b": (4096, 32, 12288, 16, 4, 16, 32, False),
 }
 VOCAB, HEAD_DIM, LIN_DIM, CONV = 248320, 256, 128, 4
+VISION = {
+    # depth, width, heads, FFN (the output width is the text model's hidden size)
+    "0.8b": (12, 768, 12, 3072),
+    "9b": (27, 1152, 16, 4304),
+}
+PATCH, POS_SIDE = 16, 48
+PREPROCESSOR = {
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536}, "patch_size": PATCH, "temporal_patch_size": 2,
+    "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+    "processor_class": "Qwen3VLProcessor", "image_processor_type": "Qwen2VLImageProcessorFast",
+}
+
+
+def vision_tensors(size):
+    depth, h, _, ff = VISION[size]
+    out_dim, m4 = SIZES[size][0], 4 * h
+    v = "model.visual."
+    out = [(v + "patch_embed.proj.weight", (h, 3, 2, PATCH, PATCH), "conv"),
+           (v + "patch_embed.proj.bias", (h,), "norm"),
+           (v + "pos_embed.weight", (POS_SIDE * POS_SIDE, h), "pos"),
+           (v + "merger.norm.weight", (h,), "one"),
+           (v + "merger.norm.bias", (h,), "norm"),
+           (v + "merger.linear_fc1.weight", (m4, m4), "w"),
+           (v + "merger.linear_fc1.bias", (m4,), "norm"),
+           (v + "merger.linear_fc2.weight", (out_dim, m4), "w"),
+           (v + "merger.linear_fc2.bias", (out_dim,), "norm")]
+    for i in range(depth):
+        b = f"{v}blocks.{i}."
+        out += [(b + "norm1.weight", (h,), "one"), (b + "norm1.bias", (h,), "norm"),
+                (b + "norm2.weight", (h,), "one"), (b + "norm2.bias", (h,), "norm"),
+                (b + "attn.qkv.weight", (3 * h, h), "w"), (b + "attn.qkv.bias", (3 * h,), "norm"),
+                (b + "attn.proj.weight", (h, h), "w"), (b + "attn.proj.bias", (h,), "norm"),
+                (b + "mlp.linear_fc1.weight", (ff, h), "w"), (b + "mlp.linear_fc1.bias", (ff,), "norm"),
+                (b + "mlp.linear_fc2.weight", (h, ff), "w"), (b + "mlp.linear_fc2.bias", (h,), "norm")]
+    return out
+
+
+def vision_config(size):
+    depth, h, heads, ff = VISION[size]
+    return {"depth": depth, "hidden_size": h, "num_heads": heads, "intermediate_size": ff,
+            "out_hidden_size": SIZES[size][0], "hidden_act": "gelu_pytorch_tanh", "patch_size": PATCH,
+            "temporal_patch_size": 2, "spatial_merge_size": 2, "in_channels": 3,
+            "num_position_embeddings": POS_SIDE * POS_SIDE, "deepstack_visual_indexes": [],
+            "initializer_range": 0.02, "model_type": "qwen3_5_vision",
+            "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"}}
 
 
 def tensors(size):
@@ -208,7 +257,11 @@ def main():
     tk.add_argument("--tokenizer-from", help="copy tokenizer.json / tokenizer_config.json from this folder")
     tk.add_argument("--tokenizer-gguf", help="rebuild tokenizer.json / tokenizer_config.json from this GGUF")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vision", action="store_true",
+                    help="add the vision tower (model.visual.*; sizes " + ", ".join(VISION) + ")")
     a = ap.parse_args()
+    if a.vision and a.size not in VISION:
+        ap.error(f"--vision: the vision tower of {a.size} is not known (sizes {', '.join(VISION)})")
     os.makedirs(a.out, exist_ok=True)
     rng = np.random.default_rng(a.seed)
     # values; not a multiple of any row length, so rows reusing the pool are shifted, not identical
@@ -239,12 +292,16 @@ def main():
                 pools[key] = bf16(1 + small * np.float32(0.1))
             elif kind == "alog":
                 pools[key] = bf16(alog)
+            elif kind == "conv":
+                pools[key] = bf16(normal * np.float32(1 / np.sqrt(int(np.prod(shape[1:])))))
+            elif kind == "pos":
+                pools[key] = bf16(normal * np.float32(0.5))
             else:
                 raise ValueError(kind)
         return pools[key]
 
     # Shards in the published layout: tensors in name order, cut every --shard-gb.
-    ts = sorted(tensors(a.size))
+    ts = sorted(tensors(a.size) + (vision_tensors(a.size) if a.vision else []))
     shards, cur, cur_bytes = [], [], 0
     for t in ts:
         nbytes = int(np.prod(t[1])) * 2
@@ -282,8 +339,13 @@ def main():
         print(f"{fname}: {len(shard)} tensors, {off / 1e9:.2f} GB", flush=True)
     with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
+    cfg = config(a.size)
+    if a.vision:
+        cfg["vision_config"] = vision_config(a.size)
+        with open(os.path.join(a.out, "preprocessor_config.json"), "w") as f:
+            json.dump(PREPROCESSOR, f, indent=2)
     with open(os.path.join(a.out, "config.json"), "w") as f:
-        json.dump(config(a.size), f, indent=2)
+        json.dump(cfg, f, indent=2)
     if a.tokenizer_from:
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(a.tokenizer_from, fn), os.path.join(a.out, fn))

@@ -96,8 +96,45 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bytes as f64 / (1024.0 * 1024.0),
         bpw
     )?;
+    if f.get_str("general.architecture").ok() == Some(deltaq::vision::mmproj::ARCH) {
+        writeln!(out, "{}", mmproj_summary(&f))?;
+    }
     print!("{out}");
     Ok(())
+}
+
+/// One line on what an mmproj file holds as deltaq reads it, or why it cannot.
+fn mmproj_summary(f: &GgufFile) -> String {
+    use deltaq::vision::tower::VisionModel;
+    match VisionModel::load(f) {
+        Ok(m) => {
+            let (hp, im) = (&m.hp, &m.hp.image);
+            let pixels = |p: Option<u64>| p.map_or("-".to_string(), |p| p.to_string());
+            format!(
+                "* Vision tower (mmproj, {}): {} blocks, width {} ({} heads of {}), FFN {}, output width {} \
+                 (the text model's); patch {} px, merge {}x{} ({} px per token), position table {}x{}; \
+                 image mean {:?}, std {:?}, min/max pixels {}/{}",
+                deltaq::vision::mmproj::PROJECTOR,
+                hp.n_layer,
+                hp.n_embd,
+                hp.n_head,
+                hp.head_dim,
+                hp.n_ff,
+                hp.n_out,
+                im.patch_size,
+                im.merge_size,
+                im.merge_size,
+                im.factor(),
+                hp.pos_side,
+                hp.pos_side,
+                im.image_mean,
+                im.image_std,
+                pixels(im.min_pixels),
+                pixels(im.max_pixels)
+            )
+        }
+        Err(e) => format!("* mmproj that deltaq cannot run: {e:#}"),
+    }
 }
 
 /// A value as gguf-dump shows it: strings quoted, long arrays abbreviated.

@@ -86,6 +86,104 @@ pub fn rope_cos_sin(pos: usize, n_rot: usize, base: f32) -> (Vec<f32>, Vec<f32>)
         .unzip()
 }
 
+/// LayerNorm `x ← (x − mean) / sqrt(var + eps) ⊙ w + b` (biased variance, as PyTorch), mean and variance
+/// summed in f64 over eight independent lanes (which compilers vectorize).
+pub fn layer_norm(x: &mut [f32], w: &[f32], b: &[f32], eps: f32) {
+    assert!(
+        w.len() == x.len() && b.len() == x.len(),
+        "layer_norm lengths"
+    );
+    let n = x.len() as f64;
+    let mean = lane_sum(x, |v| v as f64) / n;
+    let var = lane_sum(x, |v| {
+        let c = v as f64 - mean;
+        c * c
+    }) / n;
+    let inv = (1.0 / (var + eps as f64).sqrt()) as f32;
+    let mean = mean as f32;
+    for ((x, w), b) in x.iter_mut().zip(w).zip(b) {
+        *x = (*x - mean) * inv * w + b;
+    }
+}
+
+/// `Σ f(x_i)` in f64 over eight lanes folded pairwise.
+#[inline(always)]
+fn lane_sum(x: &[f32], f: impl Fn(f32) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail: f64 = chunks.remainder().iter().map(|&v| f(v)).sum();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += f(c[l]);
+        }
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+/// `x ← x + b` row by row: `x` is rows of `b.len()` elements.
+pub fn add_bias(x: &mut [f32], b: &[f32]) {
+    for row in x.chunks_exact_mut(b.len()) {
+        for (x, b) in row.iter_mut().zip(b) {
+            *x += b;
+        }
+    }
+}
+
+/// The tanh-approximated GELU (PyTorch's `gelu(approximate="tanh")`, `gelu_pytorch_tanh`) element-wise:
+/// `½x(1 + tanh u)` with `u = √(2/π)(x + 0.044715x³)`, computed as the equal `x·σ(2u)` through the
+/// vector sigmoid (no cancellation for negative `x` either).
+pub fn gelu_tanh_in_place(x: &mut [f32]) {
+    const C: f32 = 2.0 * 0.797_884_6; // 2·√(2/π)
+    let mut g = [0f32; 64];
+    for x in x.chunks_mut(64) {
+        let g = &mut g[..x.len()];
+        for (g, &x) in g.iter_mut().zip(x.iter()) {
+            *g = C * (x + 0.044715 * x * x * x);
+        }
+        sigmoid_mul(x, g);
+    }
+}
+
+/// The exact GELU (PyTorch's `nn.GELU()`) element-wise: `½x(1 + erf(x/√2))`, in f64.
+pub fn gelu_erf_in_place(x: &mut [f32]) {
+    for x in x.iter_mut() {
+        let v = *x as f64;
+        *x = (0.5 * v * (1.0 + erf(v * std::f64::consts::FRAC_1_SQRT_2))) as f32;
+    }
+}
+
+/// The error function to about 1e-15: its Maclaurin series below |x| = 2 (cancellation costs it
+/// digits above), the continued fraction of erfc (60 terms) from 2 to 6, ±1 beyond
+/// (erfc(6) = 2e-17). Rust's std has no `erf`.
+pub fn erf(x: f64) -> f64 {
+    let a = x.abs();
+    let r = if a < 2.0 {
+        // erf x = 2/√π Σ (−1)ⁿ x^(2n+1) / (n! (2n+1))
+        let (x2, mut term, mut sum) = (a * a, a, a);
+        for n in 1..100 {
+            term *= -x2 / n as f64;
+            let t = term / (2 * n + 1) as f64;
+            sum += t;
+            if t.abs() < 1e-17 * sum {
+                break;
+            }
+        }
+        sum * std::f64::consts::FRAC_2_SQRT_PI
+    } else if a < 6.0 {
+        // erfc x = e^(−x²)/√π · 1/(x + (1/2)/(x + 1/(x + (3/2)/(x + ...)))), evaluated from the tail.
+        let mut t = a;
+        for k in (1..=60).rev() {
+            t = a + (k as f64 / 2.0) / t;
+        }
+        1.0 - (-a * a).exp() / (std::f64::consts::PI.sqrt() * t)
+    } else if a >= 6.0 {
+        1.0
+    } else {
+        a // NaN
+    };
+    r.copysign(x)
+}
+
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
 }
@@ -168,4 +266,73 @@ pub(crate) mod cephes_exp {
     ];
     pub const MIN: f32 = -104.0;
     pub const MAX: f32 = 89.0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_known_values() {
+        // erf to 16 digits (Python's math.erf).
+        let known = [
+            (0.0, 0.0),
+            (1e-3, 0.001_128_378_790_969_236_5),
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (2.9, 0.999_958_902_121_900_1),
+            (3.0, 0.999_977_909_503_001_4),
+            (3.5, 0.999_999_256_901_627_7),
+            (5.0, 0.999_999_999_998_462_5),
+            (7.0, 1.0),
+        ];
+        for (x, want) in known {
+            for (x, want) in [(x, want), (-x, -want)] {
+                let got = erf(x);
+                assert!((got - want).abs() < 2e-15, "erf({x}) = {got}, want {want}");
+            }
+        }
+        assert!(erf(f64::NAN).is_nan());
+        assert_eq!(erf(f64::INFINITY), 1.0);
+    }
+
+    #[test]
+    fn gelus_match_their_definitions() {
+        let xs: Vec<f32> = (-400..=400).map(|i| i as f32 * 0.025).collect();
+        let mut t = xs.clone();
+        gelu_tanh_in_place(&mut t);
+        let mut e = xs.clone();
+        gelu_erf_in_place(&mut e);
+        for ((&x, &t), &e) in xs.iter().zip(&t).zip(&e) {
+            let v = x as f64;
+            let u = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v);
+            let want_t = 0.5 * v * (1.0 + u.tanh());
+            assert!(
+                (t as f64 - want_t).abs() < 2e-6 * (1.0 + v.abs()),
+                "tanh gelu({x}): {t} vs {want_t}"
+            );
+            // x·Φ(x), Φ(1) = 0.841344746068543; the tanh form is within 1e-3 of it.
+            if x == 1.0 {
+                assert!((e as f64 - 0.841_344_746_068_543).abs() < 1e-7);
+            }
+            assert!(e as f64 >= -0.17 && (e as f64 - want_t).abs() < 1e-3 * (1.0 + v.abs()));
+        }
+    }
+
+    #[test]
+    fn layer_norm_normalizes_then_scales() {
+        let mut x: Vec<f32> = (0..37).map(|i| (i * i % 11) as f32 - 3.0).collect();
+        let orig = x.clone();
+        let w: Vec<f32> = (0..37).map(|i| 1.0 + i as f32 * 0.01).collect();
+        let b: Vec<f32> = (0..37).map(|i| i as f32 * -0.02).collect();
+        layer_norm(&mut x, &w, &b, 1e-6);
+        let n = orig.len() as f64;
+        let mean = orig.iter().map(|&v| v as f64).sum::<f64>() / n;
+        let var = orig.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+        for i in 0..orig.len() {
+            let want = (orig[i] as f64 - mean) / (var + 1e-6).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((x[i] as f64 - want).abs() < 1e-5, "{i}: {} vs {want}", x[i]);
+        }
+    }
 }

@@ -49,6 +49,9 @@ pub struct HParams {
 impl HParams {
     pub fn from_gguf(f: &GgufFile) -> Result<HParams> {
         let arch = f.get_str("general.architecture")?;
+        if arch == crate::vision::mmproj::ARCH {
+            bail!("this is an mmproj file (general.architecture '{arch}': a vision tower), not a text model");
+        }
         if arch != ARCH {
             bail!("unsupported model architecture '{arch}' (general.architecture): deltaq runs '{ARCH}' only");
         }

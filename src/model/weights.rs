@@ -159,17 +159,20 @@ fn load_layer<'a>(
     })
 }
 
-/// Looks tensors up and checks them, naming the tensor in every error.
-struct Loader<'a> {
-    f: &'a GgufFile,
+/// Looks tensors up and checks them, naming the tensor in every error (also used for the vision
+/// tower's mmproj file).
+pub(crate) struct Loader<'a> {
+    pub f: &'a GgufFile,
+    /// What the file is, for "... is missing tensor" ("model", "mmproj").
+    pub what: &'static str,
 }
 
 impl<'a> Loader<'a> {
-    fn get(&self, name: &str, ne: &[usize]) -> Result<(&'a crate::gguf::TensorInfo, &'a [u8])> {
+    pub fn get(&self, name: &str, ne: &[usize]) -> Result<(&'a crate::gguf::TensorInfo, &'a [u8])> {
         let (t, data) = self
             .f
             .tensor_by_name(name)
-            .with_context(|| format!("model is missing tensor '{name}'"))?;
+            .with_context(|| format!("{} is missing tensor '{name}'", self.what))?;
         let want: Vec<u64> = ne.iter().map(|&n| n as u64).collect();
         // ggml drops trailing 1-sized dims; compare with them stripped.
         let strip = |v: &[u64]| -> Vec<u64> {
@@ -186,7 +189,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A matrix `{n_in, n_out}` the matmul kernels can multiply.
-    fn matrix(&self, name: &str, n_in: usize, n_out: usize) -> Result<Weight<'a>> {
+    pub fn matrix(&self, name: &str, n_in: usize, n_out: usize) -> Result<Weight<'a>> {
         let (t, data) = self.get(name, &[n_in, n_out])?;
         can_multiply(t.ty, n_in).map_err(|e| anyhow::anyhow!("tensor '{name}' {e}"))?;
         Ok(Weight {
@@ -199,7 +202,7 @@ impl<'a> Loader<'a> {
     }
 
     /// A small tensor copied out as f32 (any type with a dequantizer; in practice F32).
-    fn vector(&self, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
+    pub fn vector(&self, name: &str, ne: &[usize]) -> Result<Vec<f32>> {
         let (t, data) = self.get(name, ne)?;
         if !t.ty.can_dequantize() {
             bail!(
@@ -216,7 +219,7 @@ impl<'a> Loader<'a> {
 
 impl<'a> Weights<'a> {
     pub fn load(f: &'a GgufFile, hp: &HParams) -> Result<Weights<'a>> {
-        let l = Loader { f };
+        let l = Loader { f, what: "model" };
         let d = hp.n_embd;
         let (embd, _) = f
             .tensor_by_name("token_embd.weight")

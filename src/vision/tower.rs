@@ -1,0 +1,384 @@
+//! The Qwen3.5 vision tower's forward pass (transformers' `Qwen3_5VisionModel`): one image's
+//! `pixel_values` `[N × patch_dim]` (N = gh·gw patches in merge-block order) to its merged embeddings
+//! `[N/merge² × d_text]`, which replace the image's `<|image_pad|>` token embeddings.
+//!
+//! 1. patch embedding (the Conv3d is one linear map of each row) + the learned 48 × 48 position table,
+//!    bilinearly resampled to the grid;
+//! 2. blocks `x += proj(attn(LN1(x))); x += fc2(gelu_tanh(fc1(LN2(x))))`, attention full (non-causal)
+//!    over the image with a 2-D (row, column) rotary embedding;
+//! 3. merger: LayerNorm, each merge block's `merge²` consecutive rows concatenated, fc1, exact GELU, fc2.
+//!
+//! Weight products go through `kernels::matmul`; attention is two f32 GEMMs per head and block of
+//! queries, the blocks spread over the threads.
+
+use std::cell::Cell;
+
+use anyhow::{ensure, Result};
+use rayon::prelude::*;
+
+use super::mmproj::{VisionHParams, VisionWeights, LN_EPS, ROPE_THETA};
+use crate::gguf::GgufFile;
+use crate::kernels::fgemm::gemm;
+use crate::kernels::fpenv::FlushDenormals;
+use crate::kernels::{matmul, ops, Weight};
+
+/// The tower: hyperparameters and weights (views into the mmproj mapping).
+pub struct VisionModel<'a> {
+    pub hp: VisionHParams,
+    pub w: VisionWeights<'a>,
+}
+
+/// Buffers of one forward pass, grown to the largest image seen and reused.
+#[derive(Default)]
+pub struct VisionScratch {
+    /// `[N × D]` the residual stream.
+    x: Vec<f32>,
+    /// `[N × D]` a normed copy of `x`, or a sublayer's output before it is added.
+    h: Vec<f32>,
+    /// `[N × 3D]` q, k, v of every patch.
+    qkv: Vec<f32>,
+    /// `[H × (hd × N + N × hd)]` each head's keys, transposed, then its values.
+    kv: Vec<f32>,
+    /// `[N × D]` attention output (heads side by side).
+    attn: Vec<f32>,
+    /// `[N × F]` the MLP's hidden layer; `[N/merge² × merge²·D]` the merger's.
+    ffn: Vec<f32>,
+    /// `[N × hd/2]` cosines and sines of each patch's rotary angles.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl VisionScratch {
+    pub fn new() -> VisionScratch {
+        VisionScratch::default()
+    }
+}
+
+/// Intermediate values [`VisionModel::encode_with_taps`] shows its caller (for comparisons against a
+/// reference).
+#[derive(Clone, Copy, Debug)]
+pub enum VisionTap<'s> {
+    /// `[N × D]` the position embeddings resampled to the grid, in merge-block order.
+    PositionEmbeddings(&'s [f32]),
+    /// `[N × D]` the hidden states entering block `block` (patch + position embedding for 0; after
+    /// the last block for `n_layer`).
+    Hidden { block: usize, x: &'s [f32] },
+}
+
+/// Queries per attention work item: their scores `[QUERY_BLOCK × N]` stay in L2 (N = 3072: 384 KiB).
+const QUERY_BLOCK: usize = 32;
+
+/// Keys per attention GEMM: their `K_hᵀ` columns or `V_h` rows (64 KiB at hd = 64) stay in L2 while every
+/// query row of the block uses them.
+const KEY_CHUNK: usize = 256;
+
+thread_local! {
+    /// A worker's attention scores, kept from one call to the next.
+    static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+impl<'a> VisionModel<'a> {
+    /// Reads and checks an mmproj file's metadata and tensors.
+    pub fn load(f: &'a GgufFile) -> Result<VisionModel<'a>> {
+        let hp = VisionHParams::from_gguf(f)?;
+        let w = VisionWeights::load(f, &hp)?;
+        Ok(VisionModel { hp, w })
+    }
+
+    /// See [`VisionHParams::check_text_model`].
+    pub fn check_text_model(&self, n_embd_text: usize) -> Result<()> {
+        self.hp.check_text_model(n_embd_text)
+    }
+
+    /// Merged tokens an image of `grid_h × grid_w` patches becomes.
+    pub fn n_merged(&self, grid_h: usize, grid_w: usize) -> usize {
+        let m = self.hp.image.merge_size;
+        (grid_h / m) * (grid_w / m)
+    }
+
+    /// One image's embeddings `[grid_h·grid_w/merge² × n_out]` (row r = merged token r, row-major over the
+    /// merged grid) from its `pixel_values` `[grid_h·grid_w × patch_dim]` in merge-block order.
+    pub fn encode(
+        &self,
+        pixel_values: &[f32],
+        grid_h: usize,
+        grid_w: usize,
+        scratch: &mut VisionScratch,
+    ) -> Result<Vec<f32>> {
+        self.encode_with_taps(pixel_values, grid_h, grid_w, scratch, &mut |_| {})
+    }
+
+    /// [`Self::encode`], handing the intermediate values to `tap` as they are computed.
+    pub fn encode_with_taps(
+        &self,
+        pixel_values: &[f32],
+        grid_h: usize,
+        grid_w: usize,
+        s: &mut VisionScratch,
+        tap: &mut dyn FnMut(VisionTap<'_>),
+    ) -> Result<Vec<f32>> {
+        let hp = &self.hp;
+        let (m, pd) = (hp.image.merge_size, hp.image.patch_dim());
+        ensure!(
+            grid_h > 0 && grid_w > 0 && grid_h.is_multiple_of(m) && grid_w.is_multiple_of(m),
+            "image grid {grid_h} × {grid_w} patches: both sides must be non-zero multiples of the \
+             merge size {m}"
+        );
+        let n = grid_h
+            .checked_mul(grid_w)
+            .filter(|n| n.checked_mul(pd) == Some(pixel_values.len()));
+        let Some(n) = n else {
+            anyhow::bail!(
+                "pixel_values has {} values; a {grid_h} × {grid_w} grid needs {grid_h}·{grid_w} rows of {pd}",
+                pixel_values.len()
+            );
+        };
+        ensure!(
+            pixel_values.iter().all(|v| v.is_finite()),
+            "pixel_values holds a NaN or infinity"
+        );
+        let (d, hd, ff) = (hp.n_embd, hp.head_dim, hp.n_ff);
+        let w = &self.w;
+        for (v, len) in [
+            (&mut s.x, n * d),
+            (&mut s.h, n * d),
+            (&mut s.qkv, n * 3 * d),
+            (&mut s.kv, 2 * n * d),
+            (&mut s.attn, n * d),
+            (&mut s.ffn, n * ff.max(d)),
+            (&mut s.cos, n * hd / 2),
+            (&mut s.sin, n * hd / 2),
+        ] {
+            v.resize(len, 0.0);
+        }
+        let (x, h) = (&mut s.x[..n * d], &mut s.h[..n * d]);
+
+        // Patch embedding + position embedding: x = P·Wᵀ + b + pos   [N × D]
+        linear(&w.patch_matrix(hp), &w.patch_b, pixel_values, n, x);
+        self.position_embeddings(grid_h, grid_w, h);
+        tap(VisionTap::PositionEmbeddings(&*h));
+        add_rows(x, h);
+        tap(VisionTap::Hidden { block: 0, x: &*x });
+
+        self.rotary_tables(grid_h, grid_w, &mut s.cos, &mut s.sin);
+        let qkv = &mut s.qkv[..n * 3 * d];
+        let attn = &mut s.attn[..n * d];
+        let fh = &mut s.ffn[..n * ff];
+        for (il, b) in w.blocks.iter().enumerate() {
+            // x += proj(attn(LN1(x)))
+            layer_norm_rows(x, &b.ln1_w, &b.ln1_b, h);
+            linear(&b.qkv, &b.qkv_b, h, n, qkv);
+            self.rotate_qk(qkv, &s.cos, &s.sin);
+            self.attention(qkv, n, &mut s.kv, attn);
+            linear(&b.out, &b.out_b, attn, n, h);
+            add_rows(x, h);
+            // x += fc2(gelu_tanh(fc1(LN2(x))))
+            layer_norm_rows(x, &b.ln2_w, &b.ln2_b, h);
+            linear(&b.fc1, &b.fc1_b, h, n, fh);
+            fh.par_chunks_mut(ff).for_each(ops::gelu_tanh_in_place);
+            linear(&b.fc2, &b.fc2_b, fh, n, h);
+            add_rows(x, h);
+            tap(VisionTap::Hidden {
+                block: il + 1,
+                x: &*x,
+            });
+        }
+
+        // Merger: LN per patch, then each merge block's rows side by side (they are consecutive):
+        // [N × D] = [N/m² × m²D] → fc1 → GELU (erf) → fc2   [N/m² × n_out]
+        layer_norm_rows(x, &w.post_ln_w, &w.post_ln_b, h);
+        let (nm, md) = (n / (m * m), hp.merged_dim());
+        let merged = &mut s.ffn[..nm * md];
+        linear(&w.mm0, &w.mm0_b, h, nm, merged);
+        merged.par_chunks_mut(md).for_each(ops::gelu_erf_in_place);
+        let mut out = vec![0f32; nm * hp.n_out];
+        linear(&w.mm2, &w.mm2_b, merged, nm, &mut out);
+        Ok(out)
+    }
+
+    /// The grid position of each patch in merge-block order: block row, block column, row and column
+    /// inside the block.
+    fn patch_positions(
+        &self,
+        grid_h: usize,
+        grid_w: usize,
+    ) -> impl Iterator<Item = (usize, usize)> {
+        let m = self.hp.image.merge_size;
+        let (bh, bw) = (grid_h / m, grid_w / m);
+        (0..bh * bw).flat_map(move |blk| {
+            let (br, bc) = (blk / bw, blk % bw);
+            (0..m * m).map(move |i| (br * m + i / m, bc * m + i % m))
+        })
+    }
+
+    /// `out [N × D]`: the position table resampled to `grid_h × grid_w` by bilinear interpolation with
+    /// aligned corners (grid index `i` reads table coordinate `i·(side−1)/(g−1)`), weights and sums in f64.
+    fn position_embeddings(&self, grid_h: usize, grid_w: usize, out: &mut [f32]) {
+        let (d, side) = (self.hp.n_embd, self.hp.pos_side);
+        let table = &self.w.pos_table;
+        // Per grid index: the two table indices and the weight of the second.
+        let axis = |g: usize| -> Vec<(usize, usize, f64)> {
+            (0..g)
+                .map(|i| {
+                    let src = match g {
+                        1 => 0.0,
+                        _ => i as f64 * (side - 1) as f64 / (g - 1) as f64,
+                    };
+                    let lo = (src.floor() as usize).min(side - 1);
+                    (lo, (lo + 1).min(side - 1), src - lo as f64)
+                })
+                .collect()
+        };
+        let (rows, cols) = (axis(grid_h), axis(grid_w));
+        let positions: Vec<(usize, usize)> = self.patch_positions(grid_h, grid_w).collect();
+        out.par_chunks_mut(d)
+            .zip(positions.par_iter())
+            .for_each(|(o, &(r, c))| {
+                let ((r0, r1, dr), (c0, c1, dc)) = (rows[r], cols[c]);
+                let taps = [
+                    (r0 * side + c0, (1.0 - dr) * (1.0 - dc)),
+                    (r0 * side + c1, (1.0 - dr) * dc),
+                    (r1 * side + c0, dr * (1.0 - dc)),
+                    (r1 * side + c1, dr * dc),
+                ];
+                for (k, o) in o.iter_mut().enumerate() {
+                    *o = taps
+                        .iter()
+                        .map(|&(t, wt)| wt * table[t * d + k] as f64)
+                        .sum::<f64>() as f32;
+                }
+            });
+    }
+
+    /// Per patch, the cosines and sines of its `hd/2` rotary angles `[row·f_j, col·f_j]`,
+    /// `f_j = θ^(−2j/(hd/2))` for `j < hd/4`; pair `(k, k + hd/2)` of each head turns by angle `k`.
+    fn rotary_tables(&self, grid_h: usize, grid_w: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.hp.head_dim / 2;
+        let inv_freq: Vec<f64> = (0..half / 2)
+            .map(|j| ROPE_THETA.powf(-2.0 * j as f64 / half as f64))
+            .collect();
+        for ((r, c), (cos, sin)) in self
+            .patch_positions(grid_h, grid_w)
+            .zip(cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)))
+        {
+            let angles = inv_freq.iter().map(|f| r as f64 * f);
+            let angles = angles.chain(inv_freq.iter().map(|f| c as f64 * f));
+            for ((a, cos), sin) in angles.zip(cos.iter_mut()).zip(sin.iter_mut()) {
+                let (s, c) = a.sin_cos();
+                (*cos, *sin) = (c as f32, s as f32);
+            }
+        }
+    }
+
+    /// Rotates every head's q and k in place (`qkv` rows are `[q | k | v]`).
+    fn rotate_qk(&self, qkv: &mut [f32], cos: &[f32], sin: &[f32]) {
+        let (d, hd) = (self.hp.n_embd, self.hp.head_dim);
+        qkv.par_chunks_mut(3 * d)
+            .zip(cos.par_chunks(hd / 2).zip(sin.par_chunks(hd / 2)))
+            .for_each(|(row, (cos, sin))| {
+                for head in row[..2 * d].chunks_exact_mut(hd) {
+                    ops::rope(head, cos, sin);
+                }
+            });
+    }
+
+    /// `out [N × D]`: per head, `softmax(q·kᵀ/√hd)·v` over all `n` patches. Work items are blocks of
+    /// queries (all heads), so each writes its own rows of `out`.
+    fn attention(&self, qkv: &[f32], n: usize, kv: &mut [f32], out: &mut [f32]) {
+        let (d, hd, nh) = (self.hp.n_embd, self.hp.head_dim, self.hp.n_head);
+        let scale = 1.0 / (hd as f32).sqrt();
+        // Per head, K_hᵀ [hd × N] then V_h [N × hd], contiguous: the scores are a plain GEMM and both
+        // products read their B operand in unit-stride rows.
+        kv.par_chunks_mut(2 * hd * n)
+            .enumerate()
+            .for_each(|(head, kv)| {
+                let (kt, v) = kv.split_at_mut(hd * n);
+                for (t, v) in v.chunks_exact_mut(hd).enumerate() {
+                    let row = &qkv[t * 3 * d + head * hd..];
+                    for (c, &k) in row[d..][..hd].iter().enumerate() {
+                        kt[c * n + t] = k;
+                    }
+                    v.copy_from_slice(&row[2 * d..][..hd]);
+                }
+            });
+        let kv = &*kv;
+        out.par_chunks_mut(QUERY_BLOCK * d)
+            .enumerate()
+            .for_each(|(blk, out)| {
+                // Weights of far-off keys underflow into subnormals, which x86 handles in microcode.
+                let _ftz = FlushDenormals::new();
+                let (t0, rows) = (blk * QUERY_BLOCK, out.len() / d);
+                let mut scores = SCORES.take();
+                scores.resize(QUERY_BLOCK * n, 0.0);
+                let sc = &mut scores[..rows * n];
+                for head in 0..nh {
+                    let q = &qkv[t0 * 3 * d + head * hd..];
+                    let (kt, v) = kv[head * 2 * hd * n..][..2 * hd * n].split_at(hd * n);
+                    // S = scale · Q_h K_hᵀ   [rows × N], KEY_CHUNK keys at a time (their K_hᵀ
+                    // columns stay in cache for all the rows).
+                    for j0 in (0..n).step_by(KEY_CHUNK) {
+                        let nc = KEY_CHUNK.min(n - j0);
+                        gemm(
+                            rows,
+                            nc,
+                            hd,
+                            scale,
+                            q,
+                            3 * d,
+                            &kt[j0..],
+                            n,
+                            0.0,
+                            &mut sc[j0..],
+                            n,
+                        );
+                    }
+                    sc.chunks_exact_mut(n).for_each(ops::softmax);
+                    // O_h = S · V_h   [rows × hd] into this head's columns of `out`, summed over
+                    // KEY_CHUNK keys at a time (their V_h rows stay in cache for all the rows).
+                    let o = &mut out[head * hd..];
+                    for p0 in (0..n).step_by(KEY_CHUNK) {
+                        let (pc, beta) = (KEY_CHUNK.min(n - p0), if p0 == 0 { 0.0 } else { 1.0 });
+                        gemm(
+                            rows,
+                            hd,
+                            pc,
+                            1.0,
+                            &sc[p0..],
+                            n,
+                            &v[p0 * hd..],
+                            hd,
+                            beta,
+                            o,
+                            d,
+                        );
+                    }
+                }
+                SCORES.set(scores);
+            });
+    }
+}
+
+/// `out = x·Wᵀ + b` for `n` rows.
+fn linear(w: &Weight, b: &[f32], x: &[f32], n: usize, out: &mut [f32]) {
+    matmul(w, x, n, out);
+    out.par_chunks_mut(b.len())
+        .for_each(|row| ops::add_bias(row, b));
+}
+
+/// `out = LN(x)` row by row.
+fn layer_norm_rows(x: &[f32], w: &[f32], b: &[f32], out: &mut [f32]) {
+    let d = w.len();
+    out.par_chunks_mut(d)
+        .zip(x.par_chunks(d))
+        .for_each(|(o, x)| {
+            o.copy_from_slice(x);
+            ops::layer_norm(o, w, b, LN_EPS);
+        });
+}
+
+/// `x += y` element-wise.
+fn add_rows(x: &mut [f32], y: &[f32]) {
+    x.par_chunks_mut(4096)
+        .zip(y.par_chunks(4096))
+        .for_each(|(x, y)| x.iter_mut().zip(y).for_each(|(x, y)| *x += y));
+}
