@@ -55,3 +55,11 @@ for g in tokens trunk_hidden mtp_logits mtp_activations chain_starts chain_token
   llama_q8_0_mtp_logits; do
   copy "tiny-kjv-mtp/golden/$g.npy"
 done
+
+# tiny-v1: the vision-language fixture's text model with the transformers goldens of its image prompts
+# (image embeddings injected) and of a text-only prompt (tests/vision_text.rs).
+copy tiny-v1/tiny-v1-F32.gguf tiny-v1/golden/text_input_ids.npy tiny-v1/golden/text_logits_f64.npy
+for c in chat0 chat1 chat2; do
+  for g in input_ids position_ids logits_f64 greedy; do copy "tiny-v1/golden/${c}_$g.npy"; done
+done
+for i in img0 img1 img2; do copy "tiny-v1/golden/${i}_vision_out_f64.npy" "tiny-v1/golden/${i}_grid_thw.npy"; done

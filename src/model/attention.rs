@@ -8,7 +8,7 @@ use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use super::{carve, for_rows};
 use crate::kernels::attend::{attend, KvElem, KvPages};
-use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
+use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, rope_cos_sin_by, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 
 /// Element type of the KV cache. F16 halves its memory (12 KiB instead of 24 KiB per token for
@@ -256,7 +256,31 @@ pub fn rope_neox(x: &mut [f32], pos: usize, n_rot: usize, base: f32) {
     rope(x, &cos, &sin);
 }
 
-/// `a`: `[T × d]` normed inputs at positions `pos0..pos0+T`; writes the block output `[T × d]` to `out`.
+/// The RoPE positions of a batch's rows. A position is `(t, h, w)` (spec §3.6); text has `t = h = w`,
+/// which is plain 1-D RoPE. After an image the positions run behind the KV indices.
+#[derive(Clone, Copy, Debug)]
+pub enum RopePos<'a> {
+    /// Row `r` at position `p0 + r` on every axis (text).
+    Text(usize),
+    /// Row `r` at `pos[r]` = `(t, h, w)` (a batch with image rows; interleaved M-RoPE).
+    Mrope(&'a [[u32; 3]]),
+}
+
+impl RopePos<'_> {
+    /// Cosines and sines of row `r`'s angles (`[n_rot/2]` each).
+    fn cos_sin(self, r: usize, hp: &HParams) -> (Vec<f32>, Vec<f32>) {
+        match self {
+            RopePos::Text(p0) => rope_cos_sin(p0 + r, hp.n_rot, hp.rope_base),
+            RopePos::Mrope(pos) => {
+                let p = pos[r];
+                rope_cos_sin_by(|i| p[hp.rope_axis(i)] as usize, hp.n_rot, hp.rope_base)
+            }
+        }
+    }
+}
+
+/// `a`: `[T × d]` normed inputs at KV indices `pos0..pos0+T` and RoPE positions `rope`; writes the block
+/// output `[T × d]` to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &AttentionWeights,
@@ -264,6 +288,7 @@ pub fn forward(
     il: usize,
     cache: &mut KvCache,
     pos0: usize,
+    rope_pos: RopePos,
     a: &[f32],
     out: &mut [f32],
     arena: &mut Vec<f32>,
@@ -289,7 +314,7 @@ pub fn forward(
     );
     // q (the first half of every head's pair) normed and rotated in place; the gates stay where they are.
     for_rows(qg, 2 * nh * hd, |t, qg| {
-        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
+        let (cos, sin) = rope_pos.cos_sin(t, hp);
         for pair in qg.chunks_exact_mut(2 * hd) {
             let dst = &mut pair[..hd];
             rms_norm(dst, &w.q_norm, hp.rms_eps);
@@ -297,7 +322,7 @@ pub fn forward(
         }
     });
     for_rows(k, nkv * hd, |t, k| {
-        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
+        let (cos, sin) = rope_pos.cos_sin(t, hp);
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
             rope(k, &cos, &sin);
