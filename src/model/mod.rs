@@ -226,7 +226,8 @@ impl<'m> Session<'m> {
     /// logits without running anything; the first sample that differs rolls the sequence back to the
     /// last token it agreed with (KV caches cut, DeltaNet states restored from the verification's
     /// per-token copies: no token is computed twice) and starts the next step. The output is
-    /// therefore exactly plain decoding's; only the work differs.
+    /// therefore exactly plain decoding's; only the work differs. A sequence that holds an image
+    /// takes plain steps ([`Session::has_image`]).
     pub fn step(&mut self, id: u32, drafter: &mut Drafter) -> Result<&[f32]> {
         if self.spec.active {
             let la = &mut self.spec;
@@ -514,12 +515,6 @@ impl<'m> Session<'m> {
                     im.width()
                 );
             }
-            if !self.has_image {
-                self.has_image = true;
-                if let Some(m) = &mut self.mtp {
-                    m.clear(); // no drafting from here on: its rows are not needed
-                }
-            }
         }
         let input = Input {
             tokens: &prompt.tokens()[range.clone()],
@@ -604,6 +599,13 @@ impl<'m> Session<'m> {
             match input.embedding(r) {
                 Some(e) => row.copy_from_slice(e),
                 None => w.embed(t, row)?,
+            }
+        }
+        if input.prompt.is_some() && !self.has_image {
+            // The first image of the sequence: no drafting from here on, the MTP rows are not needed.
+            self.has_image = true;
+            if let Some(m) = &mut self.mtp {
+                m.clear();
             }
         }
         let rope_pos = match input.prompt {
