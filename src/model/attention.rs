@@ -387,6 +387,55 @@ mod tests {
         }
     }
 
+    fn hparams(n_rot: usize, sections: Option<[usize; 4]>) -> HParams {
+        HParams {
+            n_embd: 8,
+            n_layer: 1,
+            n_layer_all: 1,
+            n_ctx_train: 64,
+            kinds: vec![super::super::LayerKind::Attention],
+            n_ff: vec![8],
+            n_head: vec![1],
+            n_head_kv: vec![1],
+            head_dim: 256,
+            rms_eps: 1e-6,
+            n_rot,
+            rope_base: 1e7,
+            rope_sections: sections,
+            conv_kernel: 4,
+            n_k_heads: 1,
+            n_v_heads: 1,
+            d_k: 8,
+            d_v: 8,
+        }
+    }
+
+    /// Text positions (t = h = w) through the M-RoPE path are the 1-D rotation bit for bit; an image
+    /// position takes t, h, w on the interleaved pairs (Qwen3.5's [11, 11, 10, 0] over 32 pairs).
+    #[test]
+    fn mrope_interleaves_and_reduces_to_text() {
+        let hp = hparams(64, Some([11, 11, 10, 0]));
+        hp.check_mrope().unwrap();
+        for p in [0u32, 5, 1000, 200_000] {
+            let text = RopePos::Text(p as usize).cos_sin(0, &hp);
+            let pos = [[p; 3]];
+            assert_eq!(RopePos::Mrope(&pos).cos_sin(0, &hp), text, "position {p}");
+        }
+        let axes: Vec<usize> = (0..32).map(|i| hp.rope_axis(i)).collect();
+        let want: Vec<usize> = (0..32).map(|i| i % 3).collect(); // t, h, w, t, …: w ends at 29, h at 31
+        assert_eq!(axes, want);
+        let pos = [[7u32, 9, 11]];
+        let (cos, _) = RopePos::Mrope(&pos).cos_sin(0, &hp);
+        for (i, c) in cos.iter().enumerate() {
+            let (want, _) = rope_cos_sin(pos[0][want[i]] as usize, 64, 1e7);
+            assert_eq!(*c, want[i], "pair {i}");
+        }
+        // Sections that do not cover the pairs: text still runs, image positions are refused.
+        assert!(hparams(16, Some([11, 11, 10, 0])).check_mrope().is_err());
+        assert!(hparams(16, None).check_mrope().is_err());
+        hparams(16, Some([3, 3, 2, 0])).check_mrope().unwrap();
+    }
+
     fn rows(n: usize, row: usize, seed: f32) -> Vec<f32> {
         (0..n * row).map(|i| seed + i as f32 * 0.25).collect()
     }
