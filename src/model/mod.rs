@@ -93,8 +93,9 @@ pub struct Session<'m> {
     kv_type: KvType,
     /// Positions in the KV cache (tokens fed).
     pos: usize,
-    /// RoPE position of the next text token − `pos`: 0 for text, negative after an image (whose rows
-    /// span fewer positions than tokens; transformers' `rope_deltas`). KV truncation keeps it valid.
+    /// RoPE position of the next text token − `pos`: 0 for text; after an image negative (its rows
+    /// span fewer positions than tokens; transformers' `rope_deltas`), positive midway through one. KV
+    /// truncation of text keeps it valid.
     rope_delta: i64,
     /// The sequence holds image rows: MTP drafting is off (as in llama.cpp) until [`Session::clear`].
     has_image: bool,
