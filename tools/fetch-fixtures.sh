@@ -79,3 +79,11 @@ for i in 0 1 2; do
     "tiny-v1/golden/img${i}_vision_out_f64.npy"
 done
 copy tiny-v1/golden/img0_vision_blocks_f64.npy tiny-v1/golden/img0_pos_embeds_f64.npy
+
+# tiny-v1: the vision-language fixture's text model with the transformers goldens of its image prompts
+# (image embeddings injected) and of a text-only prompt (tests/vision_text.rs).
+copy tiny-v1/tiny-v1-F32.gguf tiny-v1/golden/text_input_ids.npy tiny-v1/golden/text_logits_f64.npy
+for c in chat0 chat1 chat2; do
+  for g in input_ids position_ids logits_f64 greedy; do copy "tiny-v1/golden/${c}_$g.npy"; done
+done
+for i in img0 img1 img2; do copy "tiny-v1/golden/${i}_vision_out_f64.npy" "tiny-v1/golden/${i}_grid_thw.npy"; done

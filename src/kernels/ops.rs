@@ -77,9 +77,20 @@ pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// Cosines and sines of the NEOX RoPE angles `pos · base^(−2i/n_rot)`, `i < n_rot/2`, computed in f64 so
 /// large positions keep their precision: once per position, for every head.
 pub fn rope_cos_sin(pos: usize, n_rot: usize, base: f32) -> (Vec<f32>, Vec<f32>) {
+    rope_cos_sin_by(|_| pos, n_rot, base)
+}
+
+/// [`rope_cos_sin`] with the position of rotary pair `i` given by `pos_of(i)` (M-RoPE: each pair takes
+/// one axis of a multi-dimensional position). The same arithmetic, so equal positions give equal
+/// values bit for bit.
+pub fn rope_cos_sin_by(
+    pos_of: impl Fn(usize) -> usize,
+    n_rot: usize,
+    base: f32,
+) -> (Vec<f32>, Vec<f32>) {
     (0..n_rot / 2)
         .map(|i| {
-            let theta = pos as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
+            let theta = pos_of(i) as f64 * (base as f64).powf(-2.0 * i as f64 / n_rot as f64);
             let (sin, cos) = theta.sin_cos();
             (cos as f32, sin as f32)
         })

@@ -8,7 +8,7 @@ use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use super::{carve, for_rows};
 use crate::kernels::attend::{attend, KvElem, KvPages};
-use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
+use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, rope_cos_sin_by, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 
 /// Element type of the KV cache. F16 halves its memory (12 KiB instead of 24 KiB per token for
@@ -256,7 +256,31 @@ pub fn rope_neox(x: &mut [f32], pos: usize, n_rot: usize, base: f32) {
     rope(x, &cos, &sin);
 }
 
-/// `a`: `[T × d]` normed inputs at positions `pos0..pos0+T`; writes the block output `[T × d]` to `out`.
+/// The RoPE positions of a batch's rows. A position is `(t, h, w)` (spec §3.6); text has `t = h = w`,
+/// which is plain 1-D RoPE. After an image the positions run behind the KV indices.
+#[derive(Clone, Copy, Debug)]
+pub enum RopePos<'a> {
+    /// Row `r` at position `p0 + r` on every axis (text).
+    Text(usize),
+    /// Row `r` at `pos[r]` = `(t, h, w)` (a batch with image rows; interleaved M-RoPE).
+    Mrope(&'a [[u32; 3]]),
+}
+
+impl RopePos<'_> {
+    /// Cosines and sines of row `r`'s angles (`[n_rot/2]` each).
+    fn cos_sin(self, r: usize, hp: &HParams) -> (Vec<f32>, Vec<f32>) {
+        match self {
+            RopePos::Text(p0) => rope_cos_sin(p0 + r, hp.n_rot, hp.rope_base),
+            RopePos::Mrope(pos) => {
+                let p = pos[r];
+                rope_cos_sin_by(|i| p[hp.rope_axis(i)] as usize, hp.n_rot, hp.rope_base)
+            }
+        }
+    }
+}
+
+/// `a`: `[T × d]` normed inputs at KV indices `pos0..pos0+T` and RoPE positions `rope`; writes the block
+/// output `[T × d]` to `out`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     w: &AttentionWeights,
@@ -264,6 +288,7 @@ pub fn forward(
     il: usize,
     cache: &mut KvCache,
     pos0: usize,
+    rope_pos: RopePos,
     a: &[f32],
     out: &mut [f32],
     arena: &mut Vec<f32>,
@@ -289,7 +314,7 @@ pub fn forward(
     );
     // q (the first half of every head's pair) normed and rotated in place; the gates stay where they are.
     for_rows(qg, 2 * nh * hd, |t, qg| {
-        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
+        let (cos, sin) = rope_pos.cos_sin(t, hp);
         for pair in qg.chunks_exact_mut(2 * hd) {
             let dst = &mut pair[..hd];
             rms_norm(dst, &w.q_norm, hp.rms_eps);
@@ -297,7 +322,7 @@ pub fn forward(
         }
     });
     for_rows(k, nkv * hd, |t, k| {
-        let (cos, sin) = rope_cos_sin(pos0 + t, hp.n_rot, hp.rope_base);
+        let (cos, sin) = rope_pos.cos_sin(t, hp);
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
             rope(k, &cos, &sin);
@@ -360,6 +385,55 @@ mod tests {
             }
             assert_eq!(&y[64..], &x[64..]);
         }
+    }
+
+    fn hparams(n_rot: usize, sections: Option<[usize; 4]>) -> HParams {
+        HParams {
+            n_embd: 8,
+            n_layer: 1,
+            n_layer_all: 1,
+            n_ctx_train: 64,
+            kinds: vec![super::super::LayerKind::Attention],
+            n_ff: vec![8],
+            n_head: vec![1],
+            n_head_kv: vec![1],
+            head_dim: 256,
+            rms_eps: 1e-6,
+            n_rot,
+            rope_base: 1e7,
+            rope_sections: sections,
+            conv_kernel: 4,
+            n_k_heads: 1,
+            n_v_heads: 1,
+            d_k: 8,
+            d_v: 8,
+        }
+    }
+
+    /// Text positions (t = h = w) through the M-RoPE path are the 1-D rotation bit for bit; an image
+    /// position takes t, h, w on the interleaved pairs (Qwen3.5's [11, 11, 10, 0] over 32 pairs).
+    #[test]
+    fn mrope_interleaves_and_reduces_to_text() {
+        let hp = hparams(64, Some([11, 11, 10, 0]));
+        hp.check_mrope().unwrap();
+        for p in [0u32, 5, 1000, 200_000] {
+            let text = RopePos::Text(p as usize).cos_sin(0, &hp);
+            let pos = [[p; 3]];
+            assert_eq!(RopePos::Mrope(&pos).cos_sin(0, &hp), text, "position {p}");
+        }
+        let axes: Vec<usize> = (0..32).map(|i| hp.rope_axis(i)).collect();
+        let want: Vec<usize> = (0..32).map(|i| i % 3).collect(); // t, h, w, t, …: w ends at 29, h at 31
+        assert_eq!(axes, want);
+        let pos = [[7u32, 9, 11]];
+        let (cos, _) = RopePos::Mrope(&pos).cos_sin(0, &hp);
+        for (i, c) in cos.iter().enumerate() {
+            let (want, _) = rope_cos_sin(pos[0][want[i]] as usize, 64, 1e7);
+            assert_eq!(*c, want[i], "pair {i}");
+        }
+        // Sections that do not cover the pairs: text still runs, image positions are refused.
+        assert!(hparams(16, Some([11, 11, 10, 0])).check_mrope().is_err());
+        assert!(hparams(16, None).check_mrope().is_err());
+        hparams(16, Some([3, 3, 2, 0])).check_mrope().unwrap();
     }
 
     fn rows(n: usize, row: usize, seed: f32) -> Vec<f32> {

@@ -35,6 +35,9 @@ pub struct HParams {
     /// Rotary dims per head (partial NEOX RoPE).
     pub n_rot: usize,
     pub rope_base: f32,
+    /// M-RoPE sections `[t, h, w, e]` in rotary pairs (`rope.dimension_sections`, interleaved as
+    /// llama.cpp's IMROPE, spec §3.6); `None` for a file without the key, which then takes text only.
+    pub rope_sections: Option<[usize; 4]>,
     pub conv_kernel: usize,
     /// DeltaNet key heads `Hk` (`ssm.group_count`).
     pub n_k_heads: usize,
@@ -166,6 +169,26 @@ impl HParams {
             Some(_) => f.get_f32(&key("rope.freq_base"))?,
         };
 
+        let rope_sections = match f.get(&key("rope.dimension_sections")) {
+            None => None,
+            Some(v) => {
+                let name = key("rope.dimension_sections");
+                let ints = v
+                    .as_array()
+                    .and_then(|a| a.ints())
+                    .with_context(|| format!("metadata '{name}' is not an integer array"))?;
+                ensure!(
+                    ints.len() <= 4 && ints.iter().all(|&s| (0..=1 << 16).contains(&s)),
+                    "metadata '{name}' must hold at most 4 small non-negative integers, not {ints:?}"
+                );
+                let mut s = [0; 4];
+                for (s, &v) in s.iter_mut().zip(&ints) {
+                    *s = v as usize;
+                }
+                Some(s)
+            }
+        };
+
         let hp = HParams {
             n_embd: req("embedding_length")?,
             n_layer,
@@ -179,6 +202,7 @@ impl HParams {
             rms_eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             n_rot: req("rope.dimension_count")?,
             rope_base,
+            rope_sections,
             conv_kernel: req("ssm.conv_kernel")?,
             n_k_heads: req("ssm.group_count")?,
             n_v_heads,
@@ -226,6 +250,42 @@ impl HParams {
     /// index is `n_layer`.
     pub fn has_mtp(&self) -> bool {
         self.n_layer_all > self.n_layer
+    }
+
+    /// Whether image positions can be applied: the sections give every rotary pair one of the t, h, w
+    /// axes, so that llama.cpp's IMROPE rule and transformers' interleaved M-RoPE agree. Text alone
+    /// never needs this (its three axes are equal), so a file that fails it still runs text.
+    pub fn check_mrope(&self) -> Result<()> {
+        let Some(s) = self.rope_sections else {
+            bail!(
+                "the model has no {ARCH}.rope.dimension_sections (M-RoPE): it takes no image input"
+            );
+        };
+        let pairs = self.n_rot / 2;
+        let covered = (0..pairs).all(|i| match i % 3 {
+            0 => i < 3 * s[0],
+            1 => i < 3 * s[1],
+            _ => i < 3 * s[2],
+        });
+        ensure!(
+            s.iter().sum::<usize>() == pairs && covered,
+            "{ARCH}.rope.dimension_sections {s:?} do not interleave t, h, w over the {pairs} rotary pairs \
+             (rope.dimension_count {}): image positions are not supported for this model",
+            self.n_rot
+        );
+        Ok(())
+    }
+
+    /// The position axis (0 = t, 1 = h, 2 = w) of rotary pair `i` under interleaved M-RoPE: h for
+    /// `i % 3 == 1` below `3·sections[1]`, w for `i % 3 == 2` below `3·sections[2]`, else t
+    /// (transformers' `apply_interleaved_mrope`; equal to llama.cpp's rule once
+    /// [`check_mrope`](Self::check_mrope) holds).
+    pub fn rope_axis(&self, i: usize) -> usize {
+        match self.rope_sections {
+            Some(s) if i % 3 == 1 && i < 3 * s[1] => 1,
+            Some(s) if i % 3 == 2 && i < 3 * s[2] => 2,
+            _ => 0,
+        }
     }
 
     /// DeltaNet conv channels: q and k (`Hk·dk` each) then v (`Hv·dv`).

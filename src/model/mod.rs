@@ -16,15 +16,18 @@ pub mod deltanet;
 pub mod ffn;
 pub mod hparams;
 pub mod mtp;
+pub mod prompt;
 pub mod weights;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use rayon::prelude::*;
+use std::ops::Range;
 
-pub use attention::{KvType, KV_PAGE};
+pub use attention::{KvType, RopePos, KV_PAGE};
 pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
 pub use mtp::{DraftSettings, DraftStats, Drafter};
+pub use prompt::{ImageEmbd, Prompt, Segment};
 pub use weights::Weights;
 
 use crate::gguf::GgufFile;
@@ -88,7 +91,14 @@ pub struct Session<'m> {
     model: &'m Model<'m>,
     n_ctx: usize,
     kv_type: KvType,
+    /// Positions in the KV cache (tokens fed).
     pos: usize,
+    /// RoPE position of the next text token − `pos`: 0 for text; after an image negative (its rows
+    /// span fewer positions than tokens; transformers' `rope_deltas`), positive midway through one. KV
+    /// truncation of text keeps it valid.
+    rope_delta: i64,
+    /// The sequence holds image rows: MTP drafting is off (as in llama.cpp) until [`Session::clear`].
+    has_image: bool,
     layers: Vec<LayerState>,
     /// Activation buffers, reused from call to call.
     scratch: Scratch,
@@ -166,6 +176,8 @@ impl<'m> Session<'m> {
             n_ctx,
             kv_type,
             pos: 0,
+            rope_delta: 0,
+            has_image: false,
             layers,
             scratch: Scratch::default(),
             delta_mode: DeltaMode::default(),
@@ -194,6 +206,18 @@ impl<'m> Session<'m> {
         self.mtp.is_some()
     }
 
+    /// Whether [`Session::step`] drafts: MTP enabled and no image in the sequence. The MTP block's
+    /// rows would need the image's embeddings and positions; llama.cpp too turns drafting off for
+    /// sequences with images, and so decoding with images is plain decoding.
+    fn drafting(&self) -> bool {
+        self.mtp.is_some() && !self.has_image
+    }
+
+    /// Whether the sequence holds image rows (fed with [`Session::forward_prompt`] and its siblings).
+    pub fn has_image(&self) -> bool {
+        self.has_image
+    }
+
     /// Feeds `id`, the token just sampled, and returns the logits for the next position, drafting and
     /// verifying ahead with the MTP block as `drafter` decides (self-speculative decoding, spec §7).
     ///
@@ -203,7 +227,8 @@ impl<'m> Session<'m> {
     /// logits without running anything; the first sample that differs rolls the sequence back to the
     /// last token it agreed with (KV caches cut, DeltaNet states restored from the verification's
     /// per-token copies: no token is computed twice) and starts the next step. The output is
-    /// therefore exactly plain decoding's; only the work differs.
+    /// therefore exactly plain decoding's; only the work differs. A sequence that holds an image
+    /// takes plain steps ([`Session::has_image`]).
     pub fn step(&mut self, id: u32, drafter: &mut Drafter) -> Result<&[f32]> {
         if self.spec.active {
             let la = &mut self.spec;
@@ -218,7 +243,7 @@ impl<'m> Session<'m> {
         // Drafts must leave room for themselves and the token after them.
         let room = self.n_ctx.saturating_sub(self.pos + 1);
         let k = drafter.plan().min(room);
-        if k == 0 || self.mtp.is_none() {
+        if k == 0 || !self.drafting() {
             let t0 = std::time::Instant::now();
             self.forward_last_ref(&[id])?;
             drafter.record_plain(t0.elapsed().as_secs_f64());
@@ -249,7 +274,8 @@ impl<'m> Session<'m> {
         let mut logits = std::mem::take(&mut self.spec.logits);
         logits.clear();
         let base = self.pos;
-        let done = self.run_pass(tokens, Logits::All, true, &mut |_, _, _| {}, &mut logits);
+        let input = Input::text(tokens);
+        let done = self.run_pass(input, Logits::All, true, &mut |_, _, _| {}, &mut logits);
         self.spec.logits = logits;
         done?;
         self.spec.tokens.clear();
@@ -331,6 +357,9 @@ impl<'m> Session<'m> {
     /// of the LM head. Leaves the draft rows in the MTP cache (the step's settle cuts them).
     pub fn draft(&mut self, first: u32, k: usize, p_min: f32, vocab: usize) -> Result<Vec<u32>> {
         let model = self.model;
+        if self.has_image {
+            bail!("no drafting in a sequence with images");
+        }
         let Some(m) = &mut self.mtp else {
             bail!("drafting is not enabled on this session");
         };
@@ -364,6 +393,8 @@ impl<'m> Session<'m> {
             m.clear();
         }
         self.pos = 0;
+        self.rope_delta = 0;
+        self.has_image = false;
         for l in &mut self.layers {
             match l {
                 LayerState::Attention(c) => c.clear(),
@@ -381,6 +412,12 @@ impl<'m> Session<'m> {
             true => self.spec.base + self.spec.next + 1,
             false => self.pos,
         }
+    }
+
+    /// The RoPE position of the next text token: [`Session::pos`] for text, less after an image
+    /// (M-RoPE, spec §3.6); generated tokens continue from here.
+    pub fn rope_pos(&self) -> usize {
+        (self.pos() as i64 + self.rope_delta) as usize
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -454,6 +491,76 @@ impl<'m> Session<'m> {
         Ok(logits)
     }
 
+    /// Feeds tokens `range` of `prompt` (a sequence from its start, with images: the session must hold
+    /// exactly its tokens before `range.start`) and returns logits for each: `[T × n_vocab]`. Image
+    /// rows take the image's embeddings and M-RoPE positions; text after them continues at the
+    /// image's position (spec §3.6).
+    pub fn forward_prompt(&mut self, prompt: &Prompt, range: Range<usize>) -> Result<Vec<f32>> {
+        let mut logits = Vec::with_capacity(range.len() * self.model.n_vocab());
+        self.run_prompt(prompt, range, Logits::All, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`forward_prompt`](Self::forward_prompt) with only the last position's logits (`[n_vocab]`),
+    /// kept in the session's buffer until the next call.
+    pub fn forward_prompt_last(&mut self, prompt: &Prompt, range: Range<usize>) -> Result<&[f32]> {
+        let mut logits = std::mem::take(&mut self.scratch.logits);
+        let done = self.run_prompt(prompt, range, Logits::Last, &mut logits);
+        self.scratch.logits = logits;
+        done?;
+        Ok(&self.scratch.logits[..self.model.n_vocab()])
+    }
+
+    /// [`forward_prompt`](Self::forward_prompt) without logits.
+    pub fn feed_prompt(&mut self, prompt: &Prompt, range: Range<usize>) -> Result<()> {
+        self.run_prompt(prompt, range, Logits::None, &mut Vec::new())
+    }
+
+    fn run_prompt(
+        &mut self,
+        prompt: &Prompt,
+        range: Range<usize>,
+        which: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.settle()?;
+        ensure!(
+            range.start <= range.end && range.end <= prompt.len(),
+            "prompt range {range:?} is outside its {} tokens",
+            prompt.len()
+        );
+        ensure!(
+            range.start == self.pos,
+            "the session holds {} tokens but the prompt range starts at token {}",
+            self.pos,
+            range.start
+        );
+        ensure!(
+            self.rope_pos() == prompt.next_position(range.start),
+            "the session's positions (next {}) are not those of the prompt's first {} tokens (next {})",
+            self.rope_pos(),
+            range.start,
+            prompt.next_position(range.start)
+        );
+        let images = prompt.has_image_in(range.clone());
+        if images {
+            self.model.hp.check_mrope()?;
+            let d = self.model.hp.n_embd;
+            for (k, (_, im)) in prompt.images().iter().enumerate() {
+                ensure!(
+                    im.width() == d,
+                    "image {k}: embeddings of width {}, the model's is {d}",
+                    im.width()
+                );
+            }
+        }
+        let input = Input {
+            tokens: &prompt.tokens()[range.clone()],
+            prompt: images.then_some((prompt, range.start)),
+        };
+        self.run_pass(input, which, false, &mut |_, _, _| {}, out)
+    }
+
     /// Runs `tokens` through the model a ubatch at a time; logits go to `out` as [`Session::ubatch`]
     /// writes them.
     fn run(
@@ -464,17 +571,18 @@ impl<'m> Session<'m> {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         self.settle()?;
-        self.run_pass(tokens, which, false, observe, out)
+        self.run_pass(Input::text(tokens), which, false, observe, out)
     }
 
     fn run_pass(
         &mut self,
-        tokens: &[u32],
+        input: Input,
         which: Logits,
         verify: bool,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
         out: &mut Vec<f32>,
     ) -> Result<()> {
+        let tokens = input.tokens;
         if tokens.is_empty() {
             bail!("no tokens to evaluate");
         }
@@ -491,7 +599,7 @@ impl<'m> Session<'m> {
             bail!("token id {t} is out of range (vocabulary has {n_vocab} entries)");
         }
         let n_batches = tokens.len().div_ceil(UBATCH);
-        for (i, batch) in tokens.chunks(UBATCH).enumerate() {
+        for i in 0..n_batches {
             let want = match which {
                 Logits::Last if i + 1 < n_batches => Logits::None,
                 other => other,
@@ -500,6 +608,7 @@ impl<'m> Session<'m> {
                 logits: want,
                 verify,
             };
+            let batch = input.slice(i * UBATCH, UBATCH);
             self.ubatch(batch, pass, observe, out)?;
         }
         Ok(())
@@ -509,22 +618,38 @@ impl<'m> Session<'m> {
     /// `out` (`[T × V]`); the last position's overwrite its first `V` elements (growing it only once).
     fn ubatch(
         &mut self,
-        tokens: &[u32],
+        input: Input,
         pass: Pass,
         observe: &mut dyn FnMut(usize, usize, &[f32]),
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let (hp, w) = (&self.model.hp, &self.model.w);
+        let tokens = input.tokens;
         let (d, n_tok, pos0) = (hp.n_embd, tokens.len(), self.pos);
         let s = &mut self.scratch;
         if pass.verify {
             self.spec.ckpt.resize_with(hp.n_layer, Checkpoints::default);
         }
 
-        let x = grow(&mut s.x, n_tok * d); // residual stream [T × d]
-        for (row, &t) in x.chunks_exact_mut(d).zip(tokens) {
-            w.embed(t, row)?;
+        // Residual stream [T × d]: token embeddings, image rows' from the image.
+        let x = grow(&mut s.x, n_tok * d);
+        for (r, (row, &t)) in x.chunks_exact_mut(d).zip(tokens).enumerate() {
+            match input.embedding(r) {
+                Some(e) => row.copy_from_slice(e),
+                None => w.embed(t, row)?,
+            }
         }
+        if input.prompt.is_some() && !self.has_image {
+            // The first image of the sequence: no drafting from here on, the MTP rows are not needed.
+            self.has_image = true;
+            if let Some(m) = &mut self.mtp {
+                m.clear();
+            }
+        }
+        let rope_pos = match input.prompt {
+            Some((p, at)) => RopePos::Mrope(&p.positions()[at..at + n_tok]),
+            None => RopePos::Text((pos0 as i64 + self.rope_delta) as usize),
+        };
         let a = grow(&mut s.a, n_tok * d); // normed input [T × d]
         let m = grow(&mut s.m, n_tok * d); // block output [T × d]
         for (il, (lw, st)) in w.layers.iter().zip(&mut self.layers).enumerate() {
@@ -536,6 +661,7 @@ impl<'m> Session<'m> {
                 st,
                 self.delta_mode,
                 pos0,
+                rope_pos,
                 x,
                 a,
                 m,
@@ -546,10 +672,14 @@ impl<'m> Session<'m> {
         }
         self.pos += n_tok;
         self.evaluated += n_tok as u64;
+        if let Some((p, at)) = input.prompt {
+            self.rope_delta = p.next_position(at + n_tok) as i64 - self.pos as i64;
+        }
+        let mtp_rows = self.mtp.is_some() && !self.has_image; // [`Session::drafting`]
 
         // The final-normed hidden rows h_t [T × d] (in a's buffer): all of them when the MTP block or a
         // verification needs them, else only those that get logits.
-        let all_rows = pass.verify || self.mtp.is_some();
+        let all_rows = pass.verify || mtp_rows;
         let (h_rows, first) = match (pass.logits, all_rows) {
             (_, true) => (n_tok, 0),
             (Logits::All, false) => (n_tok, 0),
@@ -566,7 +696,7 @@ impl<'m> Session<'m> {
         let hn = &*hn;
         if pass.verify {
             grow(&mut self.spec.hidden, n_tok * d).copy_from_slice(hn);
-        } else if let Some(mtp) = &mut self.mtp {
+        } else if let Some(mtp) = self.mtp.as_mut().filter(|_| mtp_rows) {
             mtp.push(pos0, tokens, hn, d);
         }
         match pass.logits {
@@ -581,7 +711,7 @@ impl<'m> Session<'m> {
             }
             Logits::None => {}
         }
-        if let Some(mtp) = &mut self.mtp {
+        if let Some(mtp) = self.mtp.as_mut().filter(|_| mtp_rows) {
             if mtp.pending() >= mtp::FLUSH_ROWS {
                 mtp.flush(self.model)?;
             }
@@ -590,9 +720,41 @@ impl<'m> Session<'m> {
     }
 }
 
-/// One decoder layer over `T` rows of the residual stream `x` (`[T × d]`, updated in place) at
-/// positions `pos0..pos0+T`; `a`, `m` are `[T × d]` buffers. With `save`, a DeltaNet layer keeps its
-/// state after every token.
+/// What a pass feeds: token ids and, for a prompt with images (or text after one), the prompt they are
+/// tokens `at..` of, which gives image rows' embeddings and every row's M-RoPE position.
+#[derive(Clone, Copy)]
+struct Input<'a> {
+    tokens: &'a [u32],
+    prompt: Option<(&'a Prompt, usize)>,
+}
+
+impl<'a> Input<'a> {
+    /// Text continuing the sequence (positions follow the session's).
+    fn text(tokens: &'a [u32]) -> Input<'a> {
+        Input {
+            tokens,
+            prompt: None,
+        }
+    }
+
+    /// Up to `len` rows from row `start`.
+    fn slice(self, start: usize, len: usize) -> Input<'a> {
+        let end = (start + len).min(self.tokens.len());
+        Input {
+            tokens: &self.tokens[start..end],
+            prompt: self.prompt.map(|(p, at)| (p, at + start)),
+        }
+    }
+
+    /// The embedding that replaces row `r`'s token embedding (image rows).
+    fn embedding(&self, r: usize) -> Option<&'a [f32]> {
+        self.prompt.and_then(|(p, at)| p.embedding(at + r))
+    }
+}
+
+/// One decoder layer over `T` rows of the residual stream `x` (`[T × d]`, updated in place) at KV
+/// indices `pos0..pos0+T` and RoPE positions `rope_pos`; `a`, `m` are `[T × d]` buffers. With `save`, a
+/// DeltaNet layer keeps its state after every token.
 #[allow(clippy::too_many_arguments)]
 fn layer(
     lw: &weights::LayerWeights,
@@ -601,6 +763,7 @@ fn layer(
     st: &mut LayerState,
     delta_mode: DeltaMode,
     pos0: usize,
+    rope_pos: RopePos,
     x: &mut [f32],
     a: &mut [f32],
     m: &mut [f32],
@@ -611,7 +774,7 @@ fn layer(
     norm_rows(x, &lw.attn_norm, hp.rms_eps, a);
     match (&lw.mixer, st) {
         (weights::Mixer::Attention(aw), LayerState::Attention(kv)) => {
-            attention::forward(aw, hp, il, kv, pos0, a, m, block)
+            attention::forward(aw, hp, il, kv, pos0, rope_pos, a, m, block)
         }
         (weights::Mixer::DeltaNet(dw), LayerState::DeltaNet(ds)) => {
             deltanet::forward(dw, hp, ds, delta_mode, a, m, block, save)

@@ -18,7 +18,7 @@ use anyhow::{bail, Result};
 
 use super::attention::{KvCache, KvType};
 use super::weights::{MtpWeights, Weights};
-use super::{grow, layer, norm_rows, DeltaMode, LayerState, Model};
+use super::{grow, layer, norm_rows, DeltaMode, LayerState, Model, RopePos};
 use crate::kernels::ops::rms_norm;
 use crate::kernels::{matmul, Weight};
 use crate::quant;
@@ -226,6 +226,7 @@ impl MtpState {
             &mut self.kv,
             DeltaMode::default(),
             pos0,
+            RopePos::Text(pos0), // drafting is off in sequences with images: text positions
             x,
             a,
             m,
