@@ -278,3 +278,21 @@ fn speculative_greedy_equals_plain() {
         }
     }
 }
+
+/// A short version of the above for every kernel table under emulation (tools/test-aarch64.sh runs it
+/// as a Cortex-A76): llama.cpp's Q8_0 file, two prompts × 48 tokens, 1 to 3 drafts per step.
+#[test]
+fn drafting_identity_q8_short() {
+    let f = q8_file();
+    let model = Model::load(&f).unwrap();
+    let tok = Tokenizer::from_gguf(&f).unwrap();
+    for p in prompts(&tok).iter().take(2) {
+        let (plain, _) = greedy(&model, p, 48, &mut Drafter::off());
+        for k in 1..=3 {
+            let mut dr = Drafter::new(k, 0.0, 0, false);
+            let (spec, _) = greedy(&model, p, 48, &mut dr);
+            assert_eq!(spec, plain, "{k} drafts");
+            assert!(dr.stats.accepted > 0, "{k} drafts: nothing accepted");
+        }
+    }
+}

@@ -65,7 +65,7 @@ cargo=(/usr/bin/cargo)
 # Integration tests run under emulation: the kernels against scalar, the model against its golden logits
 # (every matmul through the best NEON table). Missing files are skipped.
 a76_tests=()
-for t in kernels_match_scalar model_golden; do
+for t in kernels_match_scalar model_golden mtp; do
   [ -f "tests/$t.rs" ] && a76_tests+=(--test "$t")
 done
 a53_tests=()
@@ -74,6 +74,8 @@ a53_tests=()
 # re-run the test binary as a child process unless they start it through DELTAQ_TEST_RUNNER (qemu-user
 # cannot exec an aarch64 binary by itself: there is no binfmt_misc here).
 skips=(--skip batching_is_consistent)
+# tests/mtp.rs: the short drafting test and the golden chains; the long runs are x86-only.
+skips+=(--skip speculative_greedy_equals_plain --skip teacher_forced_logits --skip chained_drafts)
 if ! grep -qs DELTAQ_TEST_RUNNER tests/kernels_match_scalar.rs; then
   skips+=(--skip deltaq_isa_forces_a_table --skip model_logits_same_with_every_isa)
 fi
