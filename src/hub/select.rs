@@ -85,13 +85,16 @@ fn tag_bits(tag: &str) -> u32 {
     digits.parse().unwrap_or(0)
 }
 
-/// A model's weights rather than a companion file (projector, imatrix, draft heads).
+/// A model's weights rather than a companion file: a projector or imatrix anywhere in the name, or
+/// a separate draft head named `mtp-...`, `eagle3-...` (llama.cpp looks for these anywhere in the
+/// name, which would also drop a whole model with its MTP block inside, like `tiny-kjv-mtp-Q8_0`).
 fn is_model_file(path: &str) -> bool {
     let name = path.rsplit('/').next().unwrap_or(path);
     name.to_ascii_lowercase().ends_with(".gguf")
-        && !["mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-"]
+        && !["mmproj", "imatrix"].iter().any(|k| name.contains(k))
+        && !["mtp-", "eagle3-", "dflash-", "dspark-"]
             .iter()
-            .any(|k| name.contains(k))
+            .any(|k| name.starts_with(k))
 }
 
 /// The first part (or the only file) of a model.
@@ -290,6 +293,8 @@ mod tests {
             "mmproj-F16.gguf",
             "mmproj-F32.gguf",
             "imatrix_unsloth.gguf",
+            "mtp-Q8_0.gguf",
+            "tiny-mtp-Q6_K.gguf",
         ]);
         let (m, p) = pick(&files, "a/b:q8_0").unwrap();
         assert_eq!(m, ["Qwen3.5-0.8B-Q8_0.gguf"]);
@@ -301,7 +306,7 @@ mod tests {
         assert_eq!(p.as_deref(), Some("mmproj-F16.gguf"));
         match pick(&files, "a/b:Q5_K_M") {
             Err(PullError::QuantNotFound { quants, .. }) => {
-                assert_eq!(quants, ["BF16", "IQ4_XS", "Q4_K_M", "Q8_0"])
+                assert_eq!(quants, ["BF16", "IQ4_XS", "Q4_K_M", "Q6_K", "Q8_0"])
             }
             other => panic!("{other:?}"),
         }
