@@ -5,6 +5,7 @@ pub mod chat;
 pub mod convert;
 pub mod generate;
 pub mod gguf;
+pub mod hub;
 pub mod kernels;
 pub mod model;
 pub mod npy;

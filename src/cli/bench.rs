@@ -15,9 +15,14 @@ use deltaq::quantize::FileType;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file
-    #[arg(short = 'm', long = "model", value_name = "FILE")]
-    model: PathBuf,
+    /// GGUF model file (or -hf REPO[:QUANT])
+    #[arg(
+        short = 'm',
+        long = "model",
+        value_name = "FILE",
+        required_unless_present = "hf_repo"
+    )]
+    model: Option<PathBuf>,
     /// Prompt lengths to test (pp tests), comma-separated; 0 for none
     #[arg(
         short = 'p',
@@ -63,6 +68,8 @@ pub struct Args {
     /// cost of a verification pass and of drafting against a 1-token step, and tg with drafts
     #[arg(long = "draft", value_name = "N")]
     draft: Option<usize>,
+    #[command(flatten)]
+    hub: super::pull::HubArgs,
 }
 
 /// One test's row, with what is known only at the end (bandwidth).
@@ -103,8 +110,15 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         bail!("-t must be at least 1");
     }
 
-    let f = GgufFile::open(&a.model).with_context(|| format!("opening {}", a.model.display()))?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", a.model.display()))?;
+    let path = match a.hub.model_path(a.model.as_ref(), false)? {
+        Some(p) => p,
+        None => match &a.model {
+            Some(p) => p.clone(),
+            None => bail!("no model: give -m FILE or -hf REPO[:QUANT]"),
+        },
+    };
+    let f = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
     let train = model.hp.n_ctx_train;
     for t in &tests {
         let c = a.ctx_size.unwrap_or(t.n_tokens());
@@ -179,7 +193,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let bw_of = |nt: usize| bw.iter().find(|(t, _)| *t == nt).map_or(0.0, |b| b.1);
 
-    let info = FileInfo::new(&a.model, &f, &sizes);
+    let info = FileInfo::new(&path, &f, &sizes);
     if a.json {
         for row in &rows {
             println!(

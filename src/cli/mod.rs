@@ -5,6 +5,7 @@ mod convert;
 mod eval;
 mod inspect;
 mod perplexity;
+mod pull;
 mod quantize;
 mod run;
 mod serve;
@@ -45,7 +46,14 @@ enum Command {
     Perplexity(perplexity::Args),
     /// Serve the model over an OpenAI-compatible HTTP API (chat, completions, streaming, prompt cache)
     Serve(serve::Args),
+    /// Download a model from Hugging Face into the cache (REPO[:QUANT], as llama.cpp's -hf) and
+    /// print its path
+    Pull(pull::PullArgs),
+    /// List the models in the download cache
+    List(pull::ListArgs),
 }
+
+pub use pull::rewrite_hf_flags;
 
 /// `--kv-type`: the KV cache's element type (llama.cpp's `-ctk`/`-ctv`, one flag for both).
 fn parse_kv_type(s: &str) -> Result<KvType, String> {
@@ -67,6 +75,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Perplexity(a) => perplexity::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Pull(a) => pull::run_pull(a),
+        Command::List(a) => pull::run_list(a),
     }
 }
 

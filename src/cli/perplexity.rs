@@ -16,6 +16,13 @@ pub struct Args {
     /// GGUF model file; repeat to compare several (the first is the KL base unless --base)
     #[arg(short = 'm', long = "model", value_name = "FILE")]
     models: Vec<PathBuf>,
+    /// Model from Hugging Face, OWNER/NAME[:QUANT] or OWNER/NAME/PATH.gguf, downloaded into the
+    /// cache unless it is there; repeatable, evaluated after the -m files (also -hf)
+    #[arg(long = "hf-repo", visible_alias = "hf", value_name = "REPO[:QUANT]")]
+    hf_repos: Vec<String>,
+    /// Use the download cache only for -hf, never the network
+    #[arg(long)]
+    offline: bool,
     /// Evaluation text (UTF-8), e.g. eval/eval-john.txt or wikitext-2's wiki.test.raw
     #[arg(short = 'f', long = "file", value_name = "TEXT")]
     text: PathBuf,
@@ -154,6 +161,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         tmp = Some(dir);
     }
     paths.extend(a.models.iter().cloned());
+    for spec in &a.hf_repos {
+        paths.push(super::pull::pull_model_file(spec, a.offline)?);
+    }
     let mut swept = Vec::new();
     if let Some(dir) = &a.sweep {
         for e in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
@@ -170,7 +180,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     }
     if paths.is_empty() && swept.is_empty() {
-        bail!("no model: give -m FILE (repeatable), --sweep DIR or --quantize-from FILE");
+        bail!(
+            "no model: give -m FILE or -hf REPO[:QUANT] (repeatable), --sweep DIR or \
+             --quantize-from FILE"
+        );
     }
 
     let result = evaluate_files(&a, &text, paths, swept, base_path);

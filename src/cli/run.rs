@@ -16,7 +16,7 @@ const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file (default: the bundled demo model)
+    /// GGUF model file (default: the bundled demo model; -hf downloads one)
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// Prompt; without it, an interactive chat starts
@@ -69,12 +69,17 @@ pub struct Args {
     system: Option<String>,
     #[command(flatten)]
     draft: super::DraftArgs,
+    #[command(flatten)]
+    hub: super::pull::HubArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let path = match &a.model {
-        Some(p) => p.clone(),
-        None => demo_model()?,
+    let path = match a.hub.model_path(a.model.as_ref(), true)? {
+        Some(p) => p,
+        None => match &a.model {
+            Some(p) => p.clone(),
+            None => demo_model()?,
+        },
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))

@@ -10,7 +10,7 @@ const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// GGUF model file (default: the bundled demo model)
+    /// GGUF model file (default: the bundled demo model; -hf downloads one)
     #[arg(short = 'm', long)]
     model: Option<PathBuf>,
     /// Address to listen on
@@ -54,10 +54,13 @@ pub struct Args {
     shutdown_timeout: u64,
     #[command(flatten)]
     draft: super::DraftArgs,
+    #[command(flatten)]
+    hub: super::pull::HubArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let model_path = match a.model {
+    let pulled = a.hub.model_path(a.model.as_ref(), true)?;
+    let model_path = match pulled.or(a.model) {
         Some(p) => p,
         None => [
             PathBuf::from(DEMO_MODEL),
