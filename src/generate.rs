@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
-use crate::model::{DraftStats, Drafter, KvType, Model, Session};
+use crate::model::{DraftStats, Drafter, KvType, Model, Prompt, Session};
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -62,11 +62,79 @@ pub fn generate(
     interrupt: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Stats> {
+    generate_from(
+        session,
+        tok,
+        sampler,
+        drafter,
+        Input::Tokens(prompt),
+        max_new,
+        special,
+        interrupt,
+        on_text,
+    )
+}
+
+/// [`generate`] from tokens `start..` of `prompt`, which may hold images (the session must hold exactly
+/// its first `start` tokens). A session with an image does not draft.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_prompt(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    drafter: &mut Drafter,
+    prompt: &Prompt,
+    start: usize,
+    max_new: Option<usize>,
+    special: bool,
+    interrupt: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Stats> {
+    generate_from(
+        session,
+        tok,
+        sampler,
+        drafter,
+        Input::Prompt(prompt, start),
+        max_new,
+        special,
+        interrupt,
+        on_text,
+    )
+}
+
+/// What a generation feeds first.
+enum Input<'p> {
+    Tokens(&'p [u32]),
+    /// Tokens `start..` of a prompt with images.
+    Prompt(&'p Prompt, usize),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn generate_from(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    drafter: &mut Drafter,
+    input: Input<'_>,
+    max_new: Option<usize>,
+    special: bool,
+    interrupt: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Stats> {
     let t0 = Instant::now();
-    for &t in prompt {
+    let fed = match input {
+        Input::Tokens(t) => t,
+        Input::Prompt(p, start) => p.tokens().get(start..).unwrap_or_default(),
+    };
+    for &t in fed {
         sampler.accept(t);
     }
-    let mut logits = session.forward_last_ref(prompt)?;
+    let prompt_tokens = fed.len();
+    let mut logits = match input {
+        Input::Tokens(t) => session.forward_last_ref(t)?,
+        Input::Prompt(p, start) => session.forward_prompt_last(p, start..p.len())?,
+    };
     let prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
@@ -100,7 +168,7 @@ pub fn generate(
         on_text(&rest);
     }
     Ok(Stats {
-        prompt_tokens: prompt.len(),
+        prompt_tokens,
         prompt_secs,
         gen_tokens: n,
         gen_secs: t1.elapsed().as_secs_f64(),

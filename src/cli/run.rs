@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
-use deltaq::generate::{generate, Chat, Stats, Stop};
+use deltaq::generate::{generate, generate_prompt, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
-use deltaq::model::{Drafter, KvType, Model, Session};
+use deltaq::model::prompt::image_chat_prompt;
+use deltaq::model::{Drafter, KvType, Model, Prompt, Session};
 use deltaq::sampling::{Sampler, SamplingParams};
 use deltaq::tokenizer::Tokenizer;
 
@@ -69,6 +70,8 @@ pub struct Args {
     system: Option<String>,
     #[command(flatten)]
     draft: super::DraftArgs,
+    #[command(flatten)]
+    images: super::ImageArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -114,6 +117,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     f.release_metadata_pages();
     let drafter = a.draft.drafter(&model);
     let mut out = Printer::new(!a.hide_think);
+    let mmproj = a.images.open_mmproj()?;
+    let encoder = match &mmproj {
+        Some(f) => Some(a.images.encoder(f, model.hp.n_embd)?),
+        None => None,
+    };
+    if let Some(enc) = &encoder {
+        let Some(p) = &a.prompt else {
+            bail!("--image needs a prompt (-p)");
+        };
+        if a.raw || a.system.is_some() {
+            bail!("--image takes a one-turn chat prompt: --raw and --system do not go with it");
+        }
+        return pool.install(|| -> anyhow::Result<()> {
+            let images = super::encode_image_files(enc, &a.images.image)?;
+            let prompt = image_chat_prompt(&tok, p, images)?;
+            let mut session = Session::with_kv_type(&model, a.ctx_size, a.kv_type);
+            let mut dr = Drafter::off();
+            let mut sampler = Sampler::new(params);
+            let stats = reply(
+                &mut out,
+                &mut session,
+                &tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Prompt(&prompt, 0),
+                max_new,
+                false,
+                &interrupt,
+            )?;
+            report(&stats, false);
+            Ok(())
+        });
+    }
     pool.install(|| -> anyhow::Result<()> {
         match (&a.prompt, template) {
             (Some(p), None) => {
@@ -159,7 +195,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     &tok,
                     &mut sampler,
                     &mut dr,
-                    &gen,
+                    Feed::Tokens(&gen),
                     max_new,
                     !a.no_think,
                     &interrupt,
@@ -204,6 +240,13 @@ fn sampling(a: &Args) -> SamplingParams {
     p
 }
 
+/// What a reply feeds before generating: the continuation's tokens, or tokens `start..` of a prompt
+/// with images.
+enum Feed<'p> {
+    Tokens(&'p [u32]),
+    Prompt(&'p Prompt, usize),
+}
+
 /// Streams one assistant reply: thinking (dimmed on a terminal, or hidden) then the answer.
 #[allow(clippy::too_many_arguments)]
 fn reply(
@@ -212,28 +255,43 @@ fn reply(
     tok: &Tokenizer,
     sampler: &mut Sampler,
     drafter: &mut Drafter,
-    prompt: &[u32],
+    prompt: Feed<'_>,
     max_new: Option<usize>,
     thinking: bool,
     interrupt: &AtomicBool,
 ) -> anyhow::Result<Stats> {
     // With thinking on, the generation prompt ends inside `<think>`.
     let mut split = ThinkStream::new(thinking);
-    let stats = generate(
-        session,
-        tok,
-        sampler,
-        drafter,
-        prompt,
-        max_new,
-        true,
-        interrupt,
-        &mut |t| {
-            for (part, text) in split.push(t) {
-                out.part(part, &text);
-            }
-        },
-    )?;
+    let mut on_text = |t: &str| {
+        for (part, text) in split.push(t) {
+            out.part(part, &text);
+        }
+    };
+    let stats = match prompt {
+        Feed::Tokens(ids) => generate(
+            session,
+            tok,
+            sampler,
+            drafter,
+            ids,
+            max_new,
+            true,
+            interrupt,
+            &mut on_text,
+        )?,
+        Feed::Prompt(p, start) => generate_prompt(
+            session,
+            tok,
+            sampler,
+            drafter,
+            p,
+            start,
+            max_new,
+            true,
+            interrupt,
+            &mut on_text,
+        )?,
+    };
     for (part, text) in split.finish() {
         out.part(part, &text);
     }
@@ -288,7 +346,7 @@ fn interactive(
             tok,
             &mut sampler,
             &mut dr,
-            &gen,
+            Feed::Tokens(&gen),
             max_new,
             !a.no_think,
             interrupt,
