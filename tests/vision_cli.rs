@@ -184,3 +184,58 @@ fn bad_image_input_is_a_clear_error() {
     ]);
     assert!(!ok && err.contains("above the maximum"), "{err}");
 }
+
+/// Interactive chat: `/image FILE` attaches an image to the next message (through the model's chat
+/// template); the image changes the answer, a later turn reuses the conversation, a bad file is an
+/// error message and the chat goes on.
+#[test]
+fn interactive_image_attaches_to_the_next_message() {
+    use std::io::Write;
+    let chat = |stdin: String| {
+        let mut args = vec!["run".to_string()];
+        args.extend(model_args());
+        args.extend(["--temp", "0", "-n", "6", "--no-think"].map(String::from));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_deltaq"))
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success());
+        (
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let with = |i: usize| {
+        chat(format!(
+            "/image no-such.png\n/image {}\nDescribe.\nAnd now?\n",
+            fixture(&format!("images/img{i}.png"))
+        ))
+    };
+    let (out0, err0) = with(0);
+    let (out1, _) = with(1);
+    assert!(err0.contains("reading the image no-such.png"), "{err0}");
+    assert!(err0.contains("1 image(s) attached"), "{err0}");
+    assert_eq!(err0.matches("generation: 6 tokens").count(), 2, "{err0}");
+    let (plain, _) = chat("Describe.\n".into());
+    let first = |o: &str| o.lines().next().unwrap_or_default().to_string();
+    assert_ne!(
+        first(&out0),
+        first(&out1),
+        "the image must change the answer"
+    );
+    assert_ne!(
+        first(&out0),
+        first(&plain),
+        "the image must change the answer"
+    );
+}

@@ -8,9 +8,10 @@ use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
 use deltaq::generate::{generate, generate_prompt, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
 use deltaq::model::prompt::image_chat_prompt;
-use deltaq::model::{Drafter, KvType, Model, Prompt, Session};
+use deltaq::model::{Drafter, ImageEmbd, KvType, Model, Prompt, Session};
 use deltaq::sampling::{Sampler, SamplingParams};
 use deltaq::tokenizer::Tokenizer;
+use deltaq::vision::encoder::ImageEncoder;
 
 /// The bundled demo model, used when `-m` is not given.
 const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
@@ -122,7 +123,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(f) => Some(a.images.encoder(f, model.hp.n_embd)?),
         None => None,
     };
-    if let Some(enc) = &encoder {
+    if let (Some(enc), false) = (&encoder, a.images.image.is_empty()) {
         let Some(p) = &a.prompt else {
             bail!("--image needs a prompt (-p)");
         };
@@ -203,7 +204,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 report(&stats, drafter.is_some());
             }
             (None, Some(tmpl)) => interactive(
-                &a, &model, &tok, tmpl, params, drafter, max_new, &interrupt, &mut out,
+                &a,
+                &model,
+                &tok,
+                tmpl,
+                params,
+                drafter,
+                max_new,
+                &interrupt,
+                &mut out,
+                encoder.as_ref(),
             )?,
             (None, None) => unreachable!("a missing template is an error without a prompt"),
         }
@@ -310,8 +320,10 @@ fn interactive(
     max_new: Option<usize>,
     interrupt: &AtomicBool,
     out: &mut Printer,
+    encoder: Option<&ImageEncoder<'_>>,
 ) -> anyhow::Result<()> {
     let mut chat = Chat::new(model, a.ctx_size, tmpl);
+    let mut attached: Vec<Arc<ImageEmbd>> = Vec::new();
     chat.kv_type = a.kv_type;
     chat.mtp = drafter.is_some();
     if let Some(s) = &a.system {
@@ -320,8 +332,13 @@ fn interactive(
     chat.enable_thinking = a.no_think.then_some(false);
     let mut sampler = Sampler::new(params);
     eprintln!(
-        "chat with {} (Ctrl-C stops an answer, Ctrl-D exits)",
-        model_name(a)
+        "chat with {} (Ctrl-C stops an answer, Ctrl-D exits{})",
+        model_name(a),
+        if encoder.is_some() {
+            ", /image FILE attaches an image to the next message"
+        } else {
+            ""
+        }
     );
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -337,20 +354,57 @@ fn interactive(
         if user.trim().is_empty() {
             continue;
         }
-        let (mut session, gen) = chat.prepare(tok, user)?;
+        if let Some(file) = user.strip_prefix("/image ") {
+            let Some(enc) = encoder else {
+                eprintln!("error: /image needs --mmproj (the model's vision tower file)");
+                continue;
+            };
+            match super::encode_image_files(enc, &[PathBuf::from(file.trim())]) {
+                Ok(mut im) => {
+                    attached.append(&mut im);
+                    eprintln!("{} image(s) attached to the next message", attached.len());
+                }
+                Err(e) => eprintln!("error: {e:#}"),
+            }
+            continue;
+        }
         out.start_capture();
         let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
-        let stats = reply(
-            out,
-            &mut session,
-            tok,
-            &mut sampler,
-            &mut dr,
-            Feed::Tokens(&gen),
-            max_new,
-            !a.no_think,
-            interrupt,
-        )?;
+        let stats = if attached.is_empty() && !chat.has_images() {
+            let (mut session, gen) = chat.prepare(tok, user)?;
+            reply(
+                out,
+                &mut session,
+                tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Tokens(&gen),
+                max_new,
+                !a.no_think,
+                interrupt,
+            )?
+        } else {
+            let (mut session, prompt, start) =
+                match chat.prepare_images(tok, user, std::mem::take(&mut attached)) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        out.take_capture();
+                        eprintln!("error: {e:#}");
+                        continue;
+                    }
+                };
+            reply(
+                out,
+                &mut session,
+                tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Prompt(&prompt, start),
+                max_new,
+                !a.no_think,
+                interrupt,
+            )?
+        };
         let (thinking, answer) = out.take_capture();
         chat.add_reply(answer.trim(), &thinking);
         if stats.stop == Stop::Interrupted {
