@@ -2,12 +2,14 @@
 //! with timing, and a chat session that reuses the processed history between turns.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
-use crate::model::{DraftStats, Drafter, KvType, Model, Session};
+use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
+use crate::model::{DraftStats, Drafter, ImageEmbd, KvType, Model, Prompt, Session};
 use crate::sampling::Sampler;
 use crate::tokenizer::Tokenizer;
 
@@ -62,11 +64,79 @@ pub fn generate(
     interrupt: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Stats> {
+    generate_from(
+        session,
+        tok,
+        sampler,
+        drafter,
+        Input::Tokens(prompt),
+        max_new,
+        special,
+        interrupt,
+        on_text,
+    )
+}
+
+/// [`generate`] from tokens `start..` of `prompt`, which may hold images (the session must hold exactly
+/// its first `start` tokens). A session with an image does not draft.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_prompt(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    drafter: &mut Drafter,
+    prompt: &Prompt,
+    start: usize,
+    max_new: Option<usize>,
+    special: bool,
+    interrupt: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Stats> {
+    generate_from(
+        session,
+        tok,
+        sampler,
+        drafter,
+        Input::Prompt(prompt, start),
+        max_new,
+        special,
+        interrupt,
+        on_text,
+    )
+}
+
+/// What a generation feeds first.
+enum Input<'p> {
+    Tokens(&'p [u32]),
+    /// Tokens `start..` of a prompt with images.
+    Prompt(&'p Prompt, usize),
+}
+
+#[allow(clippy::too_many_arguments)]
+fn generate_from(
+    session: &mut Session<'_>,
+    tok: &Tokenizer,
+    sampler: &mut Sampler,
+    drafter: &mut Drafter,
+    input: Input<'_>,
+    max_new: Option<usize>,
+    special: bool,
+    interrupt: &AtomicBool,
+    on_text: &mut dyn FnMut(&str),
+) -> Result<Stats> {
     let t0 = Instant::now();
-    for &t in prompt {
+    let fed = match input {
+        Input::Tokens(t) => t,
+        Input::Prompt(p, start) => p.tokens().get(start..).unwrap_or_default(),
+    };
+    for &t in fed {
         sampler.accept(t);
     }
-    let mut logits = session.forward_last_ref(prompt)?;
+    let prompt_tokens = fed.len();
+    let mut logits = match input {
+        Input::Tokens(t) => session.forward_last_ref(t)?,
+        Input::Prompt(p, start) => session.forward_prompt_last(p, start..p.len())?,
+    };
     let prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
@@ -100,7 +170,7 @@ pub fn generate(
         on_text(&rest);
     }
     Ok(Stats {
-        prompt_tokens: prompt.len(),
+        prompt_tokens,
         prompt_secs,
         gen_tokens: n,
         gen_secs: t1.elapsed().as_secs_f64(),
@@ -123,6 +193,10 @@ pub struct Chat<'m> {
     /// Whether the chat's sessions fill the MTP block's cache for drafting (set before the first turn).
     pub mtp: bool,
     cached: Option<(Vec<u32>, Session<'m>)>,
+    /// Every image of the conversation so far, in order (each user message's before its text).
+    images: Vec<Arc<ImageEmbd>>,
+    /// Prompt-path snapshot: the history's cache key and the session after it.
+    cached_prompt: Option<(Vec<u64>, Session<'m>)>,
 }
 
 impl<'m> Chat<'m> {
@@ -136,6 +210,8 @@ impl<'m> Chat<'m> {
             kv_type: KvType::default(),
             mtp: false,
             cached: None,
+            images: Vec::new(),
+            cached_prompt: None,
         }
     }
 
@@ -182,6 +258,80 @@ impl<'m> Chat<'m> {
         };
         self.cached = Some((hist, session.clone()));
         Ok((session, gen))
+    }
+
+    /// Whether the conversation holds images (then every turn goes through [`Chat::prepare_images`]).
+    pub fn has_images(&self) -> bool {
+        !self.images.is_empty()
+    }
+
+    /// [`Chat::prepare`] for a message with `images` (put before its text), or any message of a
+    /// conversation that holds images: returns a session positioned after the history, the whole
+    /// prompt and the index its generation prompt starts at. On error the message is not added.
+    pub fn prepare_images(
+        &mut self,
+        tok: &Tokenizer,
+        user: &str,
+        images: Vec<Arc<ImageEmbd>>,
+    ) -> Result<(Session<'m>, Prompt, usize)> {
+        let content = MEDIA_MARKER.repeat(images.len()) + user;
+        let n_before = self.images.len();
+        self.messages.push(ChatMessage::user(&content));
+        self.images.extend(images);
+        let built = self.build_image_prompt(tok);
+        if built.is_err() {
+            self.messages.pop();
+            self.images.truncate(n_before);
+        }
+        built
+    }
+
+    fn build_image_prompt(&mut self, tok: &Tokenizer) -> Result<(Session<'m>, Prompt, usize)> {
+        let history = ChatOptions {
+            add_generation_prompt: false,
+            enable_thinking: self.enable_thinking,
+            extra: Vec::new(),
+        };
+        let full = ChatOptions {
+            add_generation_prompt: true,
+            ..history.clone()
+        };
+        let hist_text = self.template.render(&self.messages, &history)?;
+        let full_text = self.template.render(&self.messages, &full)?;
+        let prompt = prompt_with_media(tok, &full_text, self.images.clone())?;
+        let key = prompt.cache_key();
+        // The history's end, if its tokens are a prefix of the whole prompt's.
+        let hist_len = if full_text.starts_with(&hist_text) && !hist_text.is_empty() {
+            let n = hist_text.matches(MEDIA_MARKER).count();
+            let hist = prompt_with_media(tok, &hist_text, self.images[..n].to_vec())?;
+            let hk = hist.cache_key();
+            if key.starts_with(&hk) {
+                hk.len()
+            } else {
+                0
+            }
+        } else {
+            0
+        };
+        let session = match self.cached_prompt.take() {
+            Some((k, s)) if key[..hist_len].starts_with(&k) => {
+                let mut s = s;
+                if hist_len > k.len() {
+                    s.feed_prompt(&prompt, k.len()..hist_len)?;
+                }
+                s
+            }
+            _ => {
+                let mut s = Session::with_kv_type(self.model, self.n_ctx, self.kv_type);
+                if hist_len > 0 {
+                    s.feed_prompt(&prompt, 0..hist_len)?;
+                }
+                s
+            }
+        };
+        // (No MTP: a sequence with an image does not draft.)
+        self.cached_prompt = Some((key[..hist_len].to_vec(), session.clone()));
+        Ok((session, prompt, hist_len))
     }
 
     /// Records the assistant's reply (thinking and answer separated) in the history.

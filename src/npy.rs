@@ -6,6 +6,21 @@ use std::path::Path;
 
 /// Writes a little-endian float32 array of `shape` (C order) to `path`, atomically.
 pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> std::io::Result<()> {
+    write_le(path, "<f4", shape, data, |v| v.to_le_bytes())
+}
+
+/// Writes a little-endian int32 array of `shape` (C order) to `path`, atomically.
+pub fn write_i32(path: &Path, shape: &[u64], data: &[i32]) -> std::io::Result<()> {
+    write_le(path, "<i4", shape, data, |v| v.to_le_bytes())
+}
+
+fn write_le<T: Copy>(
+    path: &Path,
+    descr: &str,
+    shape: &[u64],
+    data: &[T],
+    bytes: fn(T) -> [u8; 4],
+) -> std::io::Result<()> {
     let n: u64 = shape.iter().product();
     if n != data.len() as u64 {
         return Err(std::io::Error::new(
@@ -20,10 +35,10 @@ pub fn write_f32(path: &Path, shape: &[u64], data: &[f32]) -> std::io::Result<()
     let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
     {
         let mut w = std::io::BufWriter::new(tmp.as_file_mut());
-        w.write_all(&header("<f4", shape))?;
+        w.write_all(&header(descr, shape))?;
         for chunk in data.chunks(1 << 16) {
-            let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-            w.write_all(&bytes)?;
+            let b: Vec<u8> = chunk.iter().flat_map(|&v| bytes(v)).collect();
+            w.write_all(&b)?;
         }
         w.flush()?;
     }

@@ -5,6 +5,10 @@ not, thinking on and off), text completions (streaming and not), the model list 
     deltaq serve --port 8080 &
     python3 tools/openai_smoke.py --base-url http://127.0.0.1:8080/v1
 
+With `--image FILE.png` the server must take images (`deltaq serve --mmproj ...`): an image content part
+is sent as a data URL and must be answered. Without it, an image part must be refused with a 400 (the
+demo model has no vision tower).
+
 Exits non-zero on the first failed check.
 """
 
@@ -25,6 +29,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", default="http://127.0.0.1:8080/v1")
     ap.add_argument("--api-key", default="none")
+    ap.add_argument("--image", help="a PNG to send as an image part (the server runs with --mmproj)")
     a = ap.parse_args()
     client = openai.OpenAI(base_url=a.base_url, api_key=a.api_key, max_retries=0, timeout=120)
 
@@ -82,7 +87,42 @@ def main():
         check(False, "a wrong type is refused")
     except openai.BadRequestError as e:
         check(e.status_code == 400 and "temperature" in str(e), "wrong type -> 400 BadRequestError")
+    check_image(client, model, a.image)
     print("openai smoke: all checks passed")
+
+
+def check_image(client, model, path):
+    """An image content part: answered by a server with --mmproj, a 400 otherwise."""
+    import base64
+
+    if path:
+        with open(path, "rb") as f:
+            data = f.read()
+    else:
+        data = b"not sent to a vision tower"
+    url = "data:image/png;base64," + base64.b64encode(data).decode()
+    msgs = [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "text", "text": "Describe."},
+    ]}]
+    if path:
+        r = client.chat.completions.create(model=model, messages=msgs, max_tokens=8, temperature=0,
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        check(r.choices[0].message.role == "assistant" and r.usage.prompt_tokens > 64,
+              f"image part answered ({r.usage.prompt_tokens} prompt tokens)")
+        try:
+            bad = [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]
+            client.chat.completions.create(model=model, messages=bad, max_tokens=8)
+            check(False, "a remote image URL is refused")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "remote" in str(e), "remote image URL -> 400 BadRequestError")
+    else:
+        try:
+            client.chat.completions.create(model=model, messages=msgs, max_tokens=8)
+            check(False, "an image part without --mmproj is refused")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and "--mmproj" in str(e), "image part without --mmproj -> 400")
 
 
 if __name__ == "__main__":

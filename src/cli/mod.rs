@@ -119,3 +119,81 @@ impl DraftArgs {
         d
     }
 }
+
+/// Image input (llama.cpp's `--mmproj`, `--image`, `--image-min-tokens`, `--image-max-tokens`).
+#[derive(clap::Args)]
+pub struct ImageArgs {
+    /// Vision tower GGUF (mmproj) of the model, for image input
+    #[arg(long, value_name = "FILE")]
+    pub mmproj: Option<std::path::PathBuf>,
+    /// Image file (PNG, JPEG or WebP) to put before the prompt; repeat for several
+    #[arg(long, value_name = "FILE")]
+    pub image: Vec<std::path::PathBuf>,
+    /// Fewest tokens an image becomes (one token = 32 × 32 pixels; default: the mmproj's, else 64)
+    #[arg(long = "image-min-tokens", value_name = "N")]
+    pub min_tokens: Option<usize>,
+    /// Most tokens an image becomes (default: the mmproj's, else 4096)
+    #[arg(long = "image-max-tokens", value_name = "N")]
+    pub max_tokens: Option<usize>,
+}
+
+impl ImageArgs {
+    /// The mmproj file, if given; `--image` without it is an error.
+    pub fn open_mmproj(&self) -> anyhow::Result<Option<deltaq::gguf::GgufFile>> {
+        use anyhow::Context;
+        match &self.mmproj {
+            None if !self.image.is_empty() => anyhow::bail!(
+                "--image needs --mmproj: the model's vision tower file (mmproj-*.gguf)"
+            ),
+            None if self.min_tokens.is_some() || self.max_tokens.is_some() => {
+                anyhow::bail!("--image-min-tokens / --image-max-tokens need --mmproj")
+            }
+            None => Ok(None),
+            Some(p) => deltaq::vision::mmproj::open(p)
+                .with_context(|| format!("opening the mmproj {}", p.display()))
+                .map(Some),
+        }
+    }
+
+    /// The vision tower of `mmproj` for a text model of width `n_embd`, with these flags' limits.
+    pub fn encoder<'a>(
+        &self,
+        mmproj: &'a deltaq::gguf::GgufFile,
+        n_embd: usize,
+    ) -> anyhow::Result<deltaq::vision::encoder::ImageEncoder<'a>> {
+        use anyhow::Context;
+        let name = self
+            .mmproj
+            .as_deref()
+            .unwrap_or(std::path::Path::new("mmproj"));
+        deltaq::vision::encoder::ImageEncoder::new(mmproj, n_embd, self.min_tokens, self.max_tokens)
+            .with_context(|| format!("mmproj {}", name.display()))
+    }
+}
+
+/// Reads and encodes image files, printing each one's size and times to stderr.
+pub fn encode_image_files(
+    enc: &deltaq::vision::encoder::ImageEncoder<'_>,
+    paths: &[std::path::PathBuf],
+) -> anyhow::Result<Vec<std::sync::Arc<deltaq::model::ImageEmbd>>> {
+    use anyhow::Context;
+    let mut scratch = deltaq::vision::tower::VisionScratch::new();
+    let mut out = Vec::with_capacity(paths.len());
+    for p in paths {
+        let bytes =
+            std::fs::read(p).with_context(|| format!("reading the image {}", p.display()))?;
+        let e = enc
+            .encode_bytes(&bytes, &mut scratch)
+            .with_context(|| format!("image {}", p.display()))?;
+        let (rows, cols) = e.image.grid();
+        eprintln!(
+            "image {}: {} tokens ({rows} x {cols}), preprocessed in {:.1} ms, encoded in {:.1} ms",
+            p.display(),
+            e.image.n_tokens(),
+            e.preprocess_secs * 1e3,
+            e.encode_secs * 1e3
+        );
+        out.push(e.image);
+    }
+    Ok(out)
+}

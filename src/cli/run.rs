@@ -5,11 +5,13 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
-use deltaq::generate::{generate, Chat, Stats, Stop};
+use deltaq::generate::{generate, generate_prompt, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
-use deltaq::model::{Drafter, KvType, Model, Session};
+use deltaq::model::prompt::image_chat_prompt;
+use deltaq::model::{Drafter, ImageEmbd, KvType, Model, Prompt, Session};
 use deltaq::sampling::{Sampler, SamplingParams};
 use deltaq::tokenizer::Tokenizer;
+use deltaq::vision::encoder::ImageEncoder;
 
 /// The bundled demo model, used when `-m` is not given.
 const DEMO_MODEL: &str = "models/tiny-kjv-mtp-Q8_0.gguf";
@@ -71,6 +73,8 @@ pub struct Args {
     draft: super::DraftArgs,
     #[command(flatten)]
     hub: super::pull::HubArgs,
+    #[command(flatten)]
+    images: super::ImageArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -119,6 +123,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     f.release_metadata_pages();
     let drafter = a.draft.drafter(&model);
     let mut out = Printer::new(!a.hide_think);
+    let mmproj = a.images.open_mmproj()?;
+    let encoder = match &mmproj {
+        Some(f) => Some(a.images.encoder(f, model.hp.n_embd)?),
+        None => None,
+    };
+    if let (Some(enc), false) = (&encoder, a.images.image.is_empty()) {
+        let Some(p) = &a.prompt else {
+            bail!("--image needs a prompt (-p)");
+        };
+        if a.raw || a.system.is_some() {
+            bail!("--image takes a one-turn chat prompt: --raw and --system do not go with it");
+        }
+        return pool.install(|| -> anyhow::Result<()> {
+            let images = super::encode_image_files(enc, &a.images.image)?;
+            let prompt = image_chat_prompt(&tok, p, images)?;
+            let mut session = Session::with_kv_type(&model, a.ctx_size, a.kv_type);
+            let mut dr = Drafter::off();
+            let mut sampler = Sampler::new(params);
+            let stats = reply(
+                &mut out,
+                &mut session,
+                &tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Prompt(&prompt, 0),
+                max_new,
+                false,
+                &interrupt,
+            )?;
+            report(&stats, false);
+            Ok(())
+        });
+    }
     pool.install(|| -> anyhow::Result<()> {
         match (&a.prompt, template) {
             (Some(p), None) => {
@@ -164,7 +201,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     &tok,
                     &mut sampler,
                     &mut dr,
-                    &gen,
+                    Feed::Tokens(&gen),
                     max_new,
                     !a.no_think,
                     &interrupt,
@@ -172,7 +209,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 report(&stats, drafter.is_some());
             }
             (None, Some(tmpl)) => interactive(
-                &a, &model, &tok, tmpl, params, drafter, max_new, &interrupt, &mut out,
+                &a,
+                &model,
+                &tok,
+                tmpl,
+                params,
+                drafter,
+                max_new,
+                &interrupt,
+                &mut out,
+                encoder.as_ref(),
             )?,
             (None, None) => unreachable!("a missing template is an error without a prompt"),
         }
@@ -209,6 +255,13 @@ fn sampling(a: &Args) -> SamplingParams {
     p
 }
 
+/// What a reply feeds before generating: the continuation's tokens, or tokens `start..` of a prompt
+/// with images.
+enum Feed<'p> {
+    Tokens(&'p [u32]),
+    Prompt(&'p Prompt, usize),
+}
+
 /// Streams one assistant reply: thinking (dimmed on a terminal, or hidden) then the answer.
 #[allow(clippy::too_many_arguments)]
 fn reply(
@@ -217,28 +270,43 @@ fn reply(
     tok: &Tokenizer,
     sampler: &mut Sampler,
     drafter: &mut Drafter,
-    prompt: &[u32],
+    prompt: Feed<'_>,
     max_new: Option<usize>,
     thinking: bool,
     interrupt: &AtomicBool,
 ) -> anyhow::Result<Stats> {
     // With thinking on, the generation prompt ends inside `<think>`.
     let mut split = ThinkStream::new(thinking);
-    let stats = generate(
-        session,
-        tok,
-        sampler,
-        drafter,
-        prompt,
-        max_new,
-        true,
-        interrupt,
-        &mut |t| {
-            for (part, text) in split.push(t) {
-                out.part(part, &text);
-            }
-        },
-    )?;
+    let mut on_text = |t: &str| {
+        for (part, text) in split.push(t) {
+            out.part(part, &text);
+        }
+    };
+    let stats = match prompt {
+        Feed::Tokens(ids) => generate(
+            session,
+            tok,
+            sampler,
+            drafter,
+            ids,
+            max_new,
+            true,
+            interrupt,
+            &mut on_text,
+        )?,
+        Feed::Prompt(p, start) => generate_prompt(
+            session,
+            tok,
+            sampler,
+            drafter,
+            p,
+            start,
+            max_new,
+            true,
+            interrupt,
+            &mut on_text,
+        )?,
+    };
     for (part, text) in split.finish() {
         out.part(part, &text);
     }
@@ -257,8 +325,10 @@ fn interactive(
     max_new: Option<usize>,
     interrupt: &AtomicBool,
     out: &mut Printer,
+    encoder: Option<&ImageEncoder<'_>>,
 ) -> anyhow::Result<()> {
     let mut chat = Chat::new(model, a.ctx_size, tmpl);
+    let mut attached: Vec<Arc<ImageEmbd>> = Vec::new();
     chat.kv_type = a.kv_type;
     chat.mtp = drafter.is_some();
     if let Some(s) = &a.system {
@@ -267,8 +337,13 @@ fn interactive(
     chat.enable_thinking = a.no_think.then_some(false);
     let mut sampler = Sampler::new(params);
     eprintln!(
-        "chat with {} (Ctrl-C stops an answer, Ctrl-D exits)",
-        model_name(a)
+        "chat with {} (Ctrl-C stops an answer, Ctrl-D exits{})",
+        model_name(a),
+        if encoder.is_some() {
+            ", /image FILE attaches an image to the next message"
+        } else {
+            ""
+        }
     );
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -284,20 +359,57 @@ fn interactive(
         if user.trim().is_empty() {
             continue;
         }
-        let (mut session, gen) = chat.prepare(tok, user)?;
+        if let Some(file) = user.strip_prefix("/image ") {
+            let Some(enc) = encoder else {
+                eprintln!("error: /image needs --mmproj (the model's vision tower file)");
+                continue;
+            };
+            match super::encode_image_files(enc, &[PathBuf::from(file.trim())]) {
+                Ok(mut im) => {
+                    attached.append(&mut im);
+                    eprintln!("{} image(s) attached to the next message", attached.len());
+                }
+                Err(e) => eprintln!("error: {e:#}"),
+            }
+            continue;
+        }
         out.start_capture();
         let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
-        let stats = reply(
-            out,
-            &mut session,
-            tok,
-            &mut sampler,
-            &mut dr,
-            &gen,
-            max_new,
-            !a.no_think,
-            interrupt,
-        )?;
+        let stats = if attached.is_empty() && !chat.has_images() {
+            let (mut session, gen) = chat.prepare(tok, user)?;
+            reply(
+                out,
+                &mut session,
+                tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Tokens(&gen),
+                max_new,
+                !a.no_think,
+                interrupt,
+            )?
+        } else {
+            let (mut session, prompt, start) =
+                match chat.prepare_images(tok, user, std::mem::take(&mut attached)) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        out.take_capture();
+                        eprintln!("error: {e:#}");
+                        continue;
+                    }
+                };
+            reply(
+                out,
+                &mut session,
+                tok,
+                &mut sampler,
+                &mut dr,
+                Feed::Prompt(&prompt, start),
+                max_new,
+                !a.no_think,
+                interrupt,
+            )?
+        };
         let (thinking, answer) = out.take_capture();
         chat.add_reply(answer.trim(), &thinking);
         if stats.stop == Stop::Interrupted {

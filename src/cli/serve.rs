@@ -56,6 +56,15 @@ pub struct Args {
     draft: super::DraftArgs,
     #[command(flatten)]
     hub: super::pull::HubArgs,
+    /// Vision tower GGUF (mmproj) of the model: chat messages may then hold image_url parts
+    #[arg(long, value_name = "FILE")]
+    mmproj: Option<PathBuf>,
+    /// Fewest tokens an image becomes (one token = 32 × 32 pixels; default: the mmproj's, else 64)
+    #[arg(long = "image-min-tokens", value_name = "N")]
+    image_min_tokens: Option<usize>,
+    /// Most tokens an image becomes (default: the mmproj's, else 4096)
+    #[arg(long = "image-max-tokens", value_name = "N")]
+    image_max_tokens: Option<usize>,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -91,5 +100,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         model_id: a.alias,
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         draft: a.draft.settings(),
+        mmproj_path: a.mmproj,
+        image_min_tokens: a.image_min_tokens,
+        image_max_tokens: a.image_max_tokens,
     })
 }

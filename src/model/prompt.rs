@@ -298,11 +298,29 @@ pub fn image_chat_prompt(
             images.len()
         ),
     };
-    let image = "<|vision_start|><|image_pad|><|vision_end|>";
-    let text = format!(
-        "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n",
-        user.replace(MEDIA_MARKER, image)
+    let text = format!("<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n");
+    prompt_with_media(tok, &text, images)
+}
+
+/// `text` (e.g. a rendered chat template) with each [`MEDIA_MARKER`] replaced by `<|vision_start|>` +
+/// the next image's `<|image_pad|>` rows + `<|vision_end|>`, tokenized with special tokens parsed. The
+/// markers must match the images in number.
+pub fn prompt_with_media(
+    tok: &Tokenizer,
+    text: &str,
+    images: Vec<Arc<ImageEmbd>>,
+) -> Result<Prompt> {
+    let markers = text.matches(MEDIA_MARKER).count();
+    ensure!(
+        markers == images.len(),
+        "the text has {markers} image markers ({MEDIA_MARKER}) for {} images",
+        images.len()
     );
+    if images.is_empty() {
+        return Prompt::text(tok.encode(text, true).context("tokenizing the chat text")?);
+    }
+    let image = "<|vision_start|><|image_pad|><|vision_end|>";
+    let text = text.replace(MEDIA_MARKER, image);
     let pad = tok
         .special_id("<|image_pad|>")
         .context("the vocabulary has no <|image_pad|> token")?;

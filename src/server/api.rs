@@ -20,7 +20,10 @@ use super::engine::{Done, Event, Finish, Job, TokenLogprob};
 use super::text::{tool_call_json, ChatStream, Delta};
 use super::AppState;
 use crate::chat::ChatOptions;
+use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
+use crate::model::Prompt;
 use crate::sampling::SamplingParams;
+use crate::vision::tower::VisionScratch;
 
 type St = State<Arc<AppState>>;
 
@@ -476,6 +479,7 @@ pub async fn health(State(st): St) -> Response {
         "model": st.model_id,
         "n_ctx": e.n_ctx,
         "kv_type": e.kv_type.name(),
+        "images": st.images.is_some(),
         "uptime_s": st.started.elapsed().as_secs(),
         "slots": {"total": e.parallel, "busy": c.busy.load(Ordering::SeqCst)},
         "queue": {"capacity": e.queue_capacity, "waiting": c.waiting.load(Ordering::SeqCst)},
@@ -607,7 +611,7 @@ pub async fn detokenize(
 
 /// A prepared generation: the job (without its channel) and what the response needs.
 struct Prepared {
-    prompt: Vec<u32>,
+    prompt: Prompt,
     checkpoints: Vec<usize>,
     settings: GenSettings,
     logprobs: Option<usize>,
@@ -626,7 +630,10 @@ fn submit(st: &AppState, p: &mut Prepared) -> Result<UnboundedReceiver<Event>, A
     }
     let (tx, rx) = unbounded_channel();
     let job = Job {
-        prompt: std::mem::take(&mut p.prompt),
+        prompt: std::mem::replace(
+            &mut p.prompt,
+            Prompt::text(Vec::new()).expect("empty prompt"),
+        ),
         checkpoints: std::mem::take(&mut p.checkpoints),
         params: p.settings.params.clone(),
         max_tokens: p.settings.max_tokens,
@@ -817,6 +824,7 @@ fn prepare_completion(
     let settings = gen_settings(&f, params)?;
     let logprobs = f.uint("logprobs", 20)?.map(|n| n as usize);
     check_context(prompt.len(), st.engine.n_ctx)?;
+    let prompt = Prompt::text(prompt).map_err(|e| ApiError::invalid(format!("{e:#}")))?;
     Ok(Prepared {
         prompt,
         checkpoints: Vec::new(),
@@ -955,7 +963,12 @@ fn completion_stream(
 // Chat completions
 
 /// Validates one message and converts it to a template value.
-fn message_value(i: usize, v: &Value) -> Result<JValue, ApiError> {
+fn message_value(
+    i: usize,
+    v: &Value,
+    vision: bool,
+    images: &mut Vec<Vec<u8>>,
+) -> Result<JValue, ApiError> {
     let p = format!("messages[{i}]");
     let Value::Object(m) = v else {
         return Err(ApiError::param(format!("'{p}' must be an object"), &p));
@@ -986,9 +999,21 @@ fn message_value(i: usize, v: &Value) -> Result<JValue, ApiError> {
                 let pp = format!("{p}.content[{j}]");
                 match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
                     (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
+                    (Some("image_url"), _) if role == "user" => {
+                        if !vision {
+                            return Err(ApiError::param(
+                                format!(
+                                    "'{pp}': this server takes no images (start it with --mmproj)"
+                                ),
+                                &pp,
+                            ));
+                        }
+                        images.push(image_part(part, &pp)?);
+                        s.push_str(MEDIA_MARKER);
+                    }
                     (Some("image_url" | "image" | "input_audio" | "video"), _) => {
                         return Err(ApiError::param(
-                            format!("'{pp}': only text content is supported"),
+                            format!("'{pp}': only text and (in user messages) image_url content is supported"),
                             &pp,
                         ))
                     }
@@ -1144,11 +1169,12 @@ fn prepare_chat(
             "this model has no usable chat template; use /v1/completions",
         ));
     };
+    let mut image_bytes: Vec<Vec<u8>> = Vec::new();
     let messages = match f.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a
             .iter()
             .enumerate()
-            .map(|(i, v)| message_value(i, v))
+            .map(|(i, v)| message_value(i, v, st.images.is_some(), &mut image_bytes))
             .collect::<Result<Vec<_>, _>>()?,
         Some(Value::Array(_)) => {
             return Err(ApiError::param("'messages' must not be empty", "messages"))
@@ -1229,9 +1255,25 @@ fn prepare_chat(
         .render_values(messages.clone(), &full_opts)
         .map_err(template_err)?;
     let tok = st.engine.tok;
-    let encode = |s: &str| {
-        tok.encode(s, true)
-            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e}")))
+    // The images, encoded once for the whole prompt and its history's snapshot.
+    let images = match st.images {
+        Some(enc) if !image_bytes.is_empty() => {
+            let mut scratch = VisionScratch::new();
+            let mut out = Vec::with_capacity(image_bytes.len());
+            for (k, b) in image_bytes.iter().enumerate() {
+                let e = enc.encode_bytes(b, &mut scratch).map_err(|e| {
+                    ApiError::param(format!("image {k}: {e:#}"), "messages").code("invalid_image")
+                })?;
+                out.push(e.image);
+            }
+            out
+        }
+        _ => Vec::new(),
+    };
+    let encode = |s: &str| -> Result<Prompt, ApiError> {
+        let n = s.matches(MEDIA_MARKER).count();
+        prompt_with_media(tok, s, images[..n.min(images.len())].to_vec())
+            .map_err(|e| ApiError::invalid(format!("cannot tokenize: {e:#}")))
     };
     let prompt = encode(&full)?;
     check_context(prompt.len(), st.engine.n_ctx)?;
@@ -1240,8 +1282,8 @@ fn prepare_chat(
     let mut checkpoints = Vec::new();
     if let Ok(hist) = template.render_values(messages, &hist_opts) {
         if full.starts_with(&hist) && !hist.is_empty() {
-            let h = encode(&hist)?;
-            if prompt.starts_with(&h) {
+            let h = encode(&hist)?.cache_key();
+            if prompt.cache_key().starts_with(&h) {
                 checkpoints.push(h.len());
             }
         }
@@ -1444,6 +1486,108 @@ fn chat_stream(
     })
 }
 
+/// The bytes of an image part's `data:` URL (PNG, JPEG or WebP); remote URLs are refused.
+fn image_part(part: &Value, pp: &str) -> Result<Vec<u8>, ApiError> {
+    let param = format!("{pp}.image_url");
+    // `{"image_url": {"url": "…", "detail": …}}`, or the url as a bare string.
+    let url = match part.get("image_url") {
+        Some(Value::String(u)) => u.clone(),
+        Some(Value::Object(o)) => match o.get("url") {
+            Some(Value::String(u)) => u.clone(),
+            _ => {
+                return Err(ApiError::param(
+                    format!("'{param}.url' must be a string (data:image/png;base64,…)"),
+                    &param,
+                ))
+            }
+        },
+        _ => {
+            return Err(ApiError::param(
+                format!("'{param}' must be {{\"url\": \"data:image/png;base64,…\"}}"),
+                &param,
+            ))
+        }
+    };
+    let lower = url.get(..8).unwrap_or(&url).to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https:/") {
+        return Err(ApiError::param(
+            format!("'{param}': remote image URLs are not fetched; send the image as a data URL (data:image/png;base64,…)"),
+            &param,
+        )
+        .code("remote_image_url"));
+    }
+    let Some(rest) = url.strip_prefix("data:") else {
+        return Err(ApiError::param(
+            format!("'{param}': the url must be a data URL (data:image/png;base64,…)"),
+            &param,
+        ));
+    };
+    let Some((meta, data)) = rest.split_once(',') else {
+        return Err(ApiError::param(
+            format!("'{param}': a data URL without ','"),
+            &param,
+        ));
+    };
+    let mut meta = meta.split(';');
+    let mime = meta.next().unwrap_or("").to_ascii_lowercase();
+    if !matches!(
+        mime.as_str(),
+        "image/png" | "image/jpeg" | "image/jpg" | "image/webp"
+    ) {
+        return Err(ApiError::param(
+            format!("'{param}': image type '{mime}' is not supported (image/png, image/jpeg, image/webp)"),
+            &param,
+        ));
+    }
+    if !meta.any(|m| m.eq_ignore_ascii_case("base64")) {
+        return Err(ApiError::param(
+            format!("'{param}': the data URL must be base64"),
+            &param,
+        ));
+    }
+    decode_base64(data).map_err(|e| {
+        ApiError::param(format!("'{param}': bad base64 data: {e}"), &param).code("invalid_image")
+    })
+}
+
+/// Standard base64 (padding optional, ASCII whitespace ignored).
+fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
+    let mut out = Vec::with_capacity(s.len() / 4 * 3);
+    let (mut acc, mut bits, mut pad) = (0u32, 0u32, 0usize);
+    for (i, c) in s.bytes().enumerate() {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' | b'-' => 62,
+            b'/' | b'_' => 63,
+            b'=' => {
+                pad += 1;
+                continue;
+            }
+            b' ' | b'\n' | b'\r' | b'\t' => continue,
+            _ => return Err(format!("invalid character at {i}")),
+        };
+        if pad > 0 {
+            return Err(format!("data after the padding at {i}"));
+        }
+        acc = acc << 6 | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    if bits >= 6 || pad > 2 {
+        return Err("truncated".into());
+    }
+    if out.is_empty() {
+        return Err("no data".into());
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1455,5 +1599,16 @@ mod tests {
         assert!(!ct_eq(b"secret", b"secret2"));
         assert!(!ct_eq(b"", b"x"));
         assert!(ct_eq(b"", b""));
+    }
+
+    #[test]
+    fn base64_decodes_standard_and_refuses_garbage() {
+        assert_eq!(decode_base64("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(decode_base64("aGVs\nbG8h").unwrap(), b"hello!");
+        assert!(decode_base64("aGVsbG8=x").is_err());
+        assert!(decode_base64("a").is_err());
+        assert!(decode_base64("@@@@").is_err());
+        assert!(decode_base64("").is_err());
     }
 }

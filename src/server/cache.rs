@@ -10,7 +10,7 @@ use crate::model::Session;
 
 /// A stored snapshot.
 struct Entry {
-    tokens: Vec<u32>,
+    tokens: Vec<u64>,
     session: Arc<Session<'static>>,
     /// Logits after the last token, so that a prompt equal to `tokens` needs no forward pass.
     logits: Option<Arc<Vec<f32>>>,
@@ -63,7 +63,7 @@ impl PromptCache {
         }
     }
 
-    fn entry_bytes(tokens: &[u32], session: &Session<'_>, logits: Option<&Vec<f32>>) -> usize {
+    fn entry_bytes(tokens: &[u64], session: &Session<'_>, logits: Option<&Vec<f32>>) -> usize {
         session.state_bytes()
             + std::mem::size_of_val(tokens)
             + logits.map_or(0, |l| std::mem::size_of_val(l.as_slice()))
@@ -71,7 +71,7 @@ impl PromptCache {
 
     /// The longest snapshot whose tokens are a prefix of `prompt` and that leaves at least one token
     /// to feed (or carries the logits of its last position).
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit> {
+    pub fn lookup(&mut self, prompt: &[u64]) -> Option<Hit> {
         self.tick += 1;
         let best = self
             .entries
@@ -104,7 +104,7 @@ impl PromptCache {
     /// A snapshot larger than the whole capacity is not stored.
     pub fn insert(
         &mut self,
-        tokens: &[u32],
+        tokens: &[u64],
         session: Arc<Session<'static>>,
         logits: Option<&Vec<f32>>,
     ) {
@@ -132,7 +132,7 @@ impl PromptCache {
 
     /// If a snapshot of exactly `tokens` is stored, marks it used (and gives it `logits` if it has
     /// none) and returns true: the caller need not clone its session.
-    pub fn touch(&mut self, tokens: &[u32], logits: Option<&Vec<f32>>) -> bool {
+    pub fn touch(&mut self, tokens: &[u64], logits: Option<&Vec<f32>>) -> bool {
         self.tick += 1;
         let Some(e) = self.entries.iter_mut().find(|e| e.tokens == tokens) else {
             return false;
@@ -190,12 +190,14 @@ mod tests {
     fn longest_prefix_lru_and_byte_bound() {
         let f: &'static GgufFile = Box::leak(Box::new(GgufFile::open(DEMO).unwrap()));
         let model: &'static Model<'static> = Box::leak(Box::new(Model::load(f).unwrap()));
-        let snap = |tokens: &[u32]| {
+        let snap = |key: &[u64]| {
+            let tokens: Vec<u32> = key.iter().map(|&t| t as u32).collect();
             let mut s = Session::new(model, Some(64));
-            s.feed(tokens).unwrap();
+            s.feed(&tokens).unwrap();
             Arc::new(s)
         };
-        let (a, ab, c) = (vec![1, 2, 3], vec![1, 2, 3, 4, 5], vec![7, 8, 9]);
+        let (a, ab, c): (Vec<u64>, Vec<u64>, Vec<u64>) =
+            (vec![1, 2, 3], vec![1, 2, 3, 4, 5], vec![7, 8, 9]);
         let one = PromptCache::entry_bytes(&a, &snap(&a), None);
         // Room for two three-token snapshots (the five-token one is a little larger).
         let mut cache = PromptCache::new(2 * one + one / 2);

@@ -12,7 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{CacheStats, PromptCache};
 use super::text::StopMatcher;
-use crate::model::{DraftStats, Drafter, KvType, Model, Session};
+use crate::model::{DraftStats, Drafter, KvType, Model, Prompt, Session};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TokenType, Tokenizer};
 
@@ -21,7 +21,9 @@ const FEED_CHUNK: usize = 256;
 
 /// One generation request.
 pub struct Job {
-    pub prompt: Vec<u32>,
+    /// The prompt, with its images; cached prefixes are matched on [`Prompt::cache_key`], so an image
+    /// part matches only the same image.
+    pub prompt: Prompt,
     /// Prompt lengths (besides the whole prompt) after which a snapshot is stored, e.g. the end of
     /// the chat history before the generation prompt.
     pub checkpoints: Vec<usize>,
@@ -177,8 +179,9 @@ impl Engine {
     fn run(&self, job: &Job) -> Result<Done, String> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
+        let key = prompt.cache_key();
         let cancelled = || job.tx.is_closed() || self.stopping.load(Ordering::Relaxed);
-        let hit = lock(&self.cache).lookup(prompt);
+        let hit = lock(&self.cache).lookup(&key);
         let (mut session, mut pos, mut logits) = match hit {
             Some(h) => ((*h.session).clone(), h.len, h.logits.map(|l| (*l).clone())),
             None => {
@@ -210,22 +213,25 @@ impl Engine {
             if end == prompt.len() {
                 logits = Some(
                     session
-                        .forward_last(&prompt[pos..end])
-                        .map_err(|e| e.to_string())?,
+                        .forward_prompt_last(prompt, pos..end)
+                        .map_err(|e| e.to_string())?
+                        .to_vec(),
                 );
             } else {
-                session.feed(&prompt[pos..end]).map_err(|e| e.to_string())?;
+                session
+                    .feed_prompt(prompt, pos..end)
+                    .map_err(|e| e.to_string())?;
             }
             pos = end;
             if cp.peek() == Some(&pos) {
                 cp.next();
-                self.store(&prompt[..pos], &session, None);
+                self.store(&key[..pos], &session, None);
             }
         }
         let Some(mut logits) = logits else {
             return Err("internal error: no logits after the prompt".into());
         };
-        self.store(prompt, &session, Some(&logits));
+        self.store(&key, &session, Some(&logits));
         self.counters
             .prompt_tokens_processed
             .fetch_add((prompt.len() - cached_tokens) as u64, Ordering::Relaxed);
@@ -238,7 +244,7 @@ impl Engine {
         let mut sampler = Sampler::new(job.params.clone());
         sampler.set_banned(self.banned.clone());
         let mut drafter = self.drafter.clone().unwrap_or_else(Drafter::off);
-        for &t in prompt.iter() {
+        for &t in prompt.tokens() {
             sampler.accept(t);
         }
         let mut decoder = self.tok.stream_decoder(job.special);
@@ -295,8 +301,8 @@ impl Engine {
                 });
             }
             if job.cache_output && all_fed && !generated.is_empty() {
-                let mut toks = prompt.clone();
-                toks.extend_from_slice(&generated);
+                let mut toks = key.clone();
+                toks.extend(generated.iter().map(|&t| t as u64));
                 self.store(&toks, &session, None);
             }
         }
@@ -326,7 +332,7 @@ impl Engine {
         }
     }
 
-    fn store(&self, tokens: &[u32], session: &Session<'static>, logits: Option<&Vec<f32>>) {
+    fn store(&self, tokens: &[u64], session: &Session<'static>, logits: Option<&Vec<f32>>) {
         if lock(&self.cache).touch(tokens, logits) {
             return;
         }

@@ -24,6 +24,7 @@ use crate::chat::ChatTemplate;
 use crate::gguf::GgufFile;
 use crate::model::{DraftSettings, KvType, Model};
 use crate::tokenizer::Tokenizer;
+use crate::vision::encoder::ImageEncoder;
 use engine::Engine;
 
 /// Server settings (the command line's flags).
@@ -54,6 +55,10 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Drafting with the model's MTP block (`--draft` and friends).
     pub draft: DraftSettings,
+    /// The vision tower GGUF for image input, and the image token limits (default: the file's).
+    pub mmproj_path: Option<PathBuf>,
+    pub image_min_tokens: Option<usize>,
+    pub image_max_tokens: Option<usize>,
 }
 
 /// What the handlers share.
@@ -65,6 +70,8 @@ pub struct AppState {
     pub default_thinking: bool,
     pub created: u64,
     pub started: std::time::Instant,
+    /// The vision tower (`--mmproj`): chat messages may hold images.
+    pub images: Option<&'static ImageEncoder<'static>>,
 }
 
 /// Loads the model, binds and serves until SIGINT/SIGTERM.
@@ -88,6 +95,27 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         }
     };
     file.release_metadata_pages();
+    let images = match &cfg.mmproj_path {
+        Some(p) => {
+            let f = crate::vision::mmproj::open(p)
+                .with_context(|| format!("opening the mmproj {}", p.display()))?;
+            let f: &'static GgufFile = Box::leak(Box::new(f));
+            let enc = ImageEncoder::new(
+                f,
+                model.hp.n_embd,
+                cfg.image_min_tokens,
+                cfg.image_max_tokens,
+            )
+            .with_context(|| format!("mmproj {}", p.display()))?;
+            tok.special_id("<|image_pad|>")
+                .context("the model's vocabulary has no <|image_pad|> token: it takes no images")?;
+            Some(&*Box::leak(Box::new(enc)))
+        }
+        None if cfg.image_min_tokens.is_some() || cfg.image_max_tokens.is_some() => {
+            bail!("--image-min-tokens / --image-max-tokens need --mmproj")
+        }
+        None => None,
+    };
     let train = model.hp.n_ctx_train;
     let n_ctx = cfg.n_ctx.unwrap_or(train);
     if n_ctx > train {
@@ -127,6 +155,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .map(|d| d.as_secs())
             .unwrap_or(0),
         started: std::time::Instant::now(),
+        images,
     });
     let app = router(state, cfg.max_body);
 
