@@ -84,7 +84,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// `--spec-type draft-mtp` flags: shared by `run` and `serve`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DraftArgs {
-    /// Most tokens drafted per step with the model's MTP block (0: off; default: 2 when the model has
+    /// Most tokens drafted per step with the model's MTP block (0: off; default: 1 when the model has
     /// the block; drafting switches itself off while it measures slower than plain decoding)
     #[arg(long = "draft", value_name = "N")]
     pub n_max: Option<usize>,

@@ -300,7 +300,7 @@ fn embed(mw: &MtpWeights, w: &Weights, token: u32, out: &mut [f32]) -> Result<()
 }
 
 /// Drafts per step when the model has an MTP block and no count is given.
-pub const DEFAULT_DRAFT: usize = 2;
+pub const DEFAULT_DRAFT: usize = 1;
 
 /// The drafting flags before a model is known (`--draft`, `--draft-p-min`, `--draft-vocab`).
 #[derive(Clone, Debug, Default)]
