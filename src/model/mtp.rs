@@ -380,10 +380,10 @@ impl DraftStats {
 
 /// Plain steps measured before the first speculative one, speculative steps per probe, and the first
 /// pause after a probe that did not pay (doubling up to [`MAX_BACKOFF`]). With drafts that never pass,
-/// 256 tokens then spend 12 steps drafting.
+/// 256 tokens then spend 9 steps drafting.
 const PLAIN_WARMUP: u32 = 2;
-const PROBE_STEPS: u32 = 4;
-const MIN_BACKOFF: u64 = 32;
+const PROBE_STEPS: u32 = 3;
+const MIN_BACKOFF: u64 = 64;
 const MAX_BACKOFF: u64 = 512;
 
 impl Drafter {
