@@ -219,17 +219,7 @@ impl<'m> Chat<'m> {
     /// the generation prompt still to be fed.
     pub fn prepare(&mut self, tok: &Tokenizer, user: &str) -> Result<(Session<'m>, Vec<u32>)> {
         self.messages.push(ChatMessage::user(user));
-        let history = ChatOptions {
-            add_generation_prompt: false,
-            enable_thinking: self.enable_thinking,
-            extra: Vec::new(),
-        };
-        let full = ChatOptions {
-            add_generation_prompt: true,
-            ..history.clone()
-        };
-        let hist_text = self.template.render(&self.messages, &history)?;
-        let full_text = self.template.render(&self.messages, &full)?;
+        let (hist_text, full_text) = self.render()?;
         let (hist_text, gen_text) = match full_text.strip_prefix(hist_text.as_str()) {
             Some(gen) => (hist_text.clone(), gen.to_string()),
             None => (String::new(), full_text.clone()),
@@ -287,17 +277,7 @@ impl<'m> Chat<'m> {
     }
 
     fn build_image_prompt(&mut self, tok: &Tokenizer) -> Result<(Session<'m>, Prompt, usize)> {
-        let history = ChatOptions {
-            add_generation_prompt: false,
-            enable_thinking: self.enable_thinking,
-            extra: Vec::new(),
-        };
-        let full = ChatOptions {
-            add_generation_prompt: true,
-            ..history.clone()
-        };
-        let hist_text = self.template.render(&self.messages, &history)?;
-        let full_text = self.template.render(&self.messages, &full)?;
+        let (hist_text, full_text) = self.render()?;
         let prompt = prompt_with_media(tok, &full_text, self.images.clone())?;
         let key = prompt.cache_key();
         // The history's end, if its tokens are a prefix of the whole prompt's.
@@ -332,6 +312,24 @@ impl<'m> Chat<'m> {
         // (No MTP: a sequence with an image does not draft.)
         self.cached_prompt = Some((key[..hist_len].to_vec(), session.clone()));
         Ok((session, prompt, hist_len))
+    }
+
+    /// The conversation rendered without and with the generation prompt: the history a snapshot
+    /// keeps, and the whole prompt of the turn.
+    fn render(&self) -> Result<(String, String)> {
+        let history = ChatOptions {
+            add_generation_prompt: false,
+            enable_thinking: self.enable_thinking,
+            extra: Vec::new(),
+        };
+        let full = ChatOptions {
+            add_generation_prompt: true,
+            ..history.clone()
+        };
+        Ok((
+            self.template.render(&self.messages, &history)?,
+            self.template.render(&self.messages, &full)?,
+        ))
     }
 
     /// Records the assistant's reply (thinking and answer separated) in the history.
