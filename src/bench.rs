@@ -452,8 +452,7 @@ pub fn draft_costs(model: &Model, k: usize, depth: usize, setup: &TestSetup) -> 
     let prompt: Vec<u32> = (0..depth).map(|_| rng.next(n_vocab)).collect();
     s.forward_last(&prompt)?;
     let at_depth = s.clone();
-    let dr = crate::model::DraftSettings::default().drafter(model).0;
-    let vocab = dr.map_or(0, |d| d.vocab);
+    let vocab = crate::model::mtp::default_vocab(model);
     let (mut plain, mut verify, mut draft) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..=setup.reps {
         let toks: Vec<u32> = (0..=k).map(|_| rng.next(n_vocab)).collect();
@@ -500,11 +499,7 @@ pub fn spec_gen(
     let mut rng = TokenRng(setup.seed);
     let mut s = Session::with_kv_type(model, Some(n + 2), setup.kv_type);
     s.enable_mtp()?;
-    let settings = crate::model::DraftSettings {
-        n_max: Some(k),
-        ..Default::default()
-    };
-    let vocab = settings.drafter(model).0.map_or(0, |d| d.vocab);
+    let vocab = crate::model::mtp::default_vocab(model);
     let mut stats = crate::model::DraftStats::default();
     let mut r = TestResult {
         kind: TestKind::Gen(n),

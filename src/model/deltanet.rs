@@ -293,29 +293,21 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
 
 /// [`recurrent`], copying the state after each token but the last to `saved` (`[T−1][dv·dk]`).
 fn recurrent_saving(m: &mut [f32], x: &Head, out: &mut [f32], saved: &mut [f32]) {
-    let (dv, n_tok) = (x.dv, x.g.len());
-    for (t, dst) in saved.chunks_exact_mut(m.len()).enumerate() {
+    let (dk, dv, n_tok) = (x.dk, x.dv, x.g.len());
+    for t in 0..n_tok {
         let one = Head {
-            q: &x.q[t * x.dk..][..x.dk],
-            k: &x.k[t * x.dk..][..x.dk],
+            q: &x.q[t * dk..][..dk],
+            k: &x.k[t * dk..][..dk],
             v: &x.v[t * dv..][..dv],
             g: &x.g[t..t + 1],
             beta: &x.beta[t..t + 1],
             ..*x
         };
         recurrent(m, &one, &mut out[t * dv..][..dv]);
-        dst.copy_from_slice(m);
+        if let Some(dst) = saved.chunks_exact_mut(m.len()).nth(t) {
+            dst.copy_from_slice(m);
+        }
     }
-    let t = n_tok - 1;
-    let last = Head {
-        q: &x.q[t * x.dk..][..x.dk],
-        k: &x.k[t * x.dk..][..x.dk],
-        v: &x.v[t * dv..][..dv],
-        g: &x.g[t..],
-        beta: &x.beta[t..],
-        ..*x
-    };
-    recurrent(m, &last, &mut out[t * dv..][..dv]);
 }
 
 /// The chunked (WY / UT-transform) form of the same recurrence, spec §4, chunks of `chunk` tokens

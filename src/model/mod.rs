@@ -371,7 +371,7 @@ impl<'m> Session<'m> {
         let mut drafts = Vec::with_capacity(k);
         let mut h = m.first_row(model, first)?.to_vec();
         for i in 0..k {
-            let (d, p) = m.top(model, &h, vocab, p_min > 0.0);
+            let (d, p) = m.top(model, &h, vocab, p_min > 0.0)?;
             if p < p_min {
                 break;
             }

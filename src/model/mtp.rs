@@ -250,10 +250,14 @@ impl MtpState {
 
     /// The top draft of output row `y` over the first `vocab` tokens and, with `prob`, its softmax
     /// probability (1 otherwise).
-    pub(super) fn top(&mut self, model: &Model, y: &[f32], vocab: usize, prob: bool) -> (u32, f32) {
-        let Ok(l) = self.logits(model, y, vocab) else {
-            return (0, 0.0);
-        };
+    pub(super) fn top(
+        &mut self,
+        model: &Model,
+        y: &[f32],
+        vocab: usize,
+        prob: bool,
+    ) -> Result<(u32, f32)> {
+        let l = self.logits(model, y, vocab)?;
         let (best, &max) =
             l.iter().enumerate().fold(
                 (0, &f32::NEG_INFINITY),
@@ -264,7 +268,7 @@ impl MtpState {
         } else {
             1.0
         };
-        (best as u32, p)
+        Ok((best as u32, p))
     }
 }
 
@@ -330,11 +334,18 @@ impl DraftSettings {
                 )
             }
         };
-        let n_vocab = model.n_vocab();
-        let vocab = self
-            .vocab
-            .unwrap_or(if n_vocab > 65536 { 32768 } else { 0 });
+        let vocab = self.vocab.unwrap_or(default_vocab(model));
         (Some(Drafter::new(n, self.p_min, vocab, !self.always)), None)
+    }
+}
+
+/// The draft vocabulary when `--draft-vocab` is not given: 32768 tokens of vocabularies over 65536,
+/// else all (0).
+pub fn default_vocab(model: &Model) -> usize {
+    if model.n_vocab() > 65536 {
+        32768
+    } else {
+        0
     }
 }
 
