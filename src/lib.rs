@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod constraint;
 pub mod convert;
 pub mod generate;
 pub mod gguf;

@@ -20,6 +20,7 @@ use super::engine::{Done, Event, Finish, Job, TokenLogprob};
 use super::text::{tool_call_json, ChatStream, Delta};
 use super::AppState;
 use crate::chat::ChatOptions;
+use crate::constraint::OutputConstraint;
 use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
 use crate::model::Prompt;
 use crate::sampling::SamplingParams;
@@ -297,6 +298,8 @@ struct GenSettings {
     stream: bool,
     include_usage: bool,
     ignore_eos: bool,
+    /// The language the answer must follow (`response_format`, `grammar`, Ollama's `format`).
+    constraint: Option<OutputConstraint>,
 }
 
 fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSettings, ApiError> {
@@ -383,6 +386,7 @@ fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSetting
         stream,
         include_usage,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
+        constraint: None,
     })
 }
 
@@ -641,6 +645,7 @@ fn submit(st: &AppState, p: &mut Prepared) -> Result<UnboundedReceiver<Event>, A
         special: p.special,
         logprobs: p.logprobs,
         ignore_eos: p.settings.ignore_eos,
+        constraint: p.settings.constraint.clone(),
         cache_output: p.cache_output,
         tx,
     };

@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{CacheStats, PromptCache};
 use super::text::StopMatcher;
+use crate::constraint::OutputConstraint;
 use crate::model::{DraftStats, Drafter, KvType, Model, Prompt, Session};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TokenType, Tokenizer};
@@ -35,6 +36,8 @@ pub struct Job {
     /// Report log-probabilities, with this many alternatives per token.
     pub logprobs: Option<usize>,
     pub ignore_eos: bool,
+    /// The language the answer must follow.
+    pub constraint: Option<OutputConstraint>,
     /// Also snapshot the state after the generated tokens (raw completions, which a client may
     /// continue with prompt + completion).
     pub cache_output: bool,
