@@ -11,6 +11,8 @@
 # Environment:
 #   LLAMA_CPP_PYTHON_SRC  an already extracted llama_cpp_python-0.3.36 sdist folder to build from
 #                         instead of downloading it (it is only read; the build goes to SCRATCH_DIR)
+#   LLAMA_TARGETS         the cmake targets to build (default: llama-bench llama-quantize), e.g. add
+#                         llama-perplexity llama-mtmd-cli llama-imatrix for the comparisons
 #   JOBS                  parallel compile jobs (default: the number of cores); the build runs under nice
 #   LLAMA_CMAKE_ARGS      extra cmake arguments, after the defaults (they win), e.g. to build without AMX on a
 #                         CPU that has it: "-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
@@ -59,6 +61,6 @@ fi
 nice "$cmake" -S "$llama" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DBUILD_SHARED_LIBS=OFF \
     ${LLAMA_CMAKE_ARGS:-}
-nice "$cmake" --build "$scratch/build" --config Release -j "$jobs" --target llama-bench llama-quantize
+nice "$cmake" --build "$scratch/build" --config Release -j "$jobs" --target ${LLAMA_TARGETS:-llama-bench llama-quantize}
 echo "built llama.cpp $(sed -n 's/^Version: //p' "$src/PKG-INFO" 2>/dev/null || echo "$version") (llama-cpp-python sdist) in $scratch/build" >&2
 echo "$scratch/build/bin/llama-bench"
