@@ -65,6 +65,9 @@ pub struct Args {
     /// Most tokens an image becomes (default: the mmproj's, else 4096)
     #[arg(long = "image-max-tokens", value_name = "N")]
     image_max_tokens: Option<usize>,
+    /// Do not serve the chat page at / (the API only)
+    #[arg(long = "no-webui")]
+    no_webui: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -103,5 +106,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         mmproj_path: a.mmproj,
         image_min_tokens: a.image_min_tokens,
         image_max_tokens: a.image_max_tokens,
+        webui: !a.no_webui,
     })
 }

@@ -2,12 +2,14 @@
 //! dedicated OS threads, see [`engine`]), with a prompt cache of session snapshots ([`cache`]).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming over SSE or not),
-//! `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`.
+//! `GET /v1/models`, `GET /health`, `GET /props`, `POST /tokenize`, `POST /detokenize`, and the chat
+//! page at `/` ([`webui`]).
 
 pub mod api;
 pub mod cache;
 pub mod engine;
 pub mod text;
+pub mod webui;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +61,8 @@ pub struct Config {
     pub mmproj_path: Option<PathBuf>,
     pub image_min_tokens: Option<usize>,
     pub image_max_tokens: Option<usize>,
+    /// Serve the chat page at `/` (`--no-webui` turns it off).
+    pub webui: bool,
 }
 
 /// What the handlers share.
@@ -72,6 +76,8 @@ pub struct AppState {
     pub started: std::time::Instant,
     /// The vision tower (`--mmproj`): chat messages may hold images.
     pub images: Option<&'static ImageEncoder<'static>>,
+    /// The chat page is served at `/`.
+    pub webui: bool,
 }
 
 /// Loads the model, binds and serves until SIGINT/SIGTERM.
@@ -156,8 +162,9 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .unwrap_or(0),
         started: std::time::Instant::now(),
         images,
+        webui: cfg.webui,
     });
-    let app = router(state, cfg.max_body);
+    let app = router(state, cfg.max_body, cfg.webui);
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -202,7 +209,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     })
 }
 
-fn router(state: Arc<AppState>, max_body: usize) -> Router {
+fn router(state: Arc<AppState>, max_body: usize, webui: bool) -> Router {
     Router::new()
         .route("/health", get(api::health))
         .route("/v1/health", get(api::health))
@@ -214,6 +221,12 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/completions", post(api::completions))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
+        .route("/props", get(webui::props))
+        .merge(if webui {
+            webui::routes()
+        } else {
+            Router::new()
+        })
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
