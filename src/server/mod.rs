@@ -2,11 +2,13 @@
 //! dedicated OS threads, see [`engine`]), with a prompt cache of session snapshots ([`cache`]).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming over SSE or not),
-//! `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`.
+//! `GET /v1/models`, `GET /health`, `POST /tokenize`, `POST /detokenize`; and Ollama's API under
+//! `/api` ([`ollama`]).
 
 pub mod api;
 pub mod cache;
 pub mod engine;
+pub mod ollama;
 pub mod text;
 
 use std::net::SocketAddr;
@@ -72,6 +74,8 @@ pub struct AppState {
     pub started: std::time::Instant,
     /// The vision tower (`--mmproj`): chat messages may hold images.
     pub images: Option<&'static ImageEncoder<'static>>,
+    /// What the Ollama API says about the model.
+    pub ollama: ollama::ModelCard,
 }
 
 /// Loads the model, binds and serves until SIGINT/SIGTERM.
@@ -94,6 +98,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             None
         }
     };
+    let card = ollama::ModelCard::new(file, &cfg.model_path);
     file.release_metadata_pages();
     let images = match &cfg.mmproj_path {
         Some(p) => {
@@ -156,6 +161,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             .unwrap_or(0),
         started: std::time::Instant::now(),
         images,
+        ollama: card,
     });
     let app = router(state, cfg.max_body);
 
@@ -214,6 +220,7 @@ fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/completions", post(api::completions))
         .route("/tokenize", post(api::tokenize))
         .route("/detokenize", post(api::detokenize))
+        .nest("/api", ollama::routes())
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
