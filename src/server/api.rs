@@ -406,6 +406,105 @@ fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSetting
     })
 }
 
+/// The request fields OpenAI checks that the settings above do not read or read leniently: 400s with
+/// `param` for what OpenAI refuses. Fields this server does not know are let through (vendor
+/// extensions).
+fn check_openai_fields(f: &Fields<'_>, chat: bool, n_vocab: usize) -> Result<(), ApiError> {
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if f.get(key).is_some_and(|v| v.as_u64() == Some(0)) {
+            return Err(f.wrong(key, "at least 1"));
+        }
+    }
+    if matches!(f.get("stop"), Some(Value::Array(a)) if a.len() > 4) {
+        return Err(f.wrong("stop", "a string or an array of at most 4 strings"));
+    }
+    if let Some(bias) = f.object("logit_bias")? {
+        for (k, v) in bias {
+            let name = format!("logit_bias.{k}");
+            if !k.parse::<u64>().is_ok_and(|id| id < n_vocab as u64) {
+                return Err(ApiError::param(
+                    format!("'logit_bias' keys must be token ids below {n_vocab}, not '{k}'"),
+                    &name,
+                ));
+            }
+            if !v.as_f64().is_some_and(|b| (-100.0..=100.0).contains(&b)) {
+                return Err(ApiError::param(
+                    format!("'{name}' must be a number between -100 and 100"),
+                    &name,
+                ));
+            }
+        }
+        if !bias.is_empty() {
+            return Err(ApiError::param(
+                "'logit_bias' is not supported by this server",
+                "logit_bias",
+            ));
+        }
+    }
+    if f.get("stream_options").is_some() && !f.bool("stream")?.unwrap_or(false) {
+        return Err(ApiError::param(
+            "'stream_options' is only allowed when 'stream' is true",
+            "stream_options",
+        ));
+    }
+    f.str("user")?;
+    if !chat {
+        return Ok(());
+    }
+    if f.get("top_logprobs").is_some() && !f.bool("logprobs")?.unwrap_or(false) {
+        return Err(ApiError::param(
+            "'top_logprobs' requires 'logprobs' to be true",
+            "top_logprobs",
+        ));
+    }
+    let mut names = Vec::new();
+    if let Some(Value::Array(tools)) = f.get("tools") {
+        for (i, t) in tools.iter().enumerate() {
+            let tp = format!("tools[{i}]");
+            if t.get("type").and_then(|x| x.as_str()) != Some("function") {
+                return Err(ApiError::param(
+                    format!("'{tp}.type' must be \"function\""),
+                    &format!("{tp}.type"),
+                ));
+            }
+            match t.get("function").and_then(|x| x.get("parameters")) {
+                None | Some(Value::Null) | Some(Value::Object(_)) => {}
+                Some(_) => {
+                    return Err(ApiError::param(
+                        format!("'{tp}.function.parameters' must be a JSON schema object"),
+                        &format!("{tp}.function.parameters"),
+                    ))
+                }
+            }
+            if let Some(n) = t
+                .get("function")
+                .and_then(|x| x.get("name"))
+                .and_then(|n| n.as_str())
+            {
+                names.push(n);
+            }
+        }
+    }
+    match f.get("tool_choice") {
+        None => Ok(()),
+        Some(Value::String(s)) if matches!(s.as_str(), "none" | "auto" | "required") => Ok(()),
+        Some(Value::Object(o))
+            if o.get("type").and_then(|t| t.as_str()) == Some("function")
+                && o
+                    .get("function")
+                    .and_then(|x| x.get("name"))
+                    .and_then(|n| n.as_str())
+                    .is_some_and(|n| names.contains(&n)) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(f.wrong(
+            "tool_choice",
+            "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}} naming one of the tools",
+        )),
+    }
+}
+
 pub(super) fn check_context(n_prompt: usize, n_ctx: usize) -> Result<(), ApiError> {
     if n_prompt == 0 {
         return Err(ApiError::param("the prompt is empty", "prompt").code("empty_prompt"));
@@ -808,6 +907,7 @@ fn prepare_completion(
     let m = parse_body(body)?;
     let f = Fields::new(&m);
     check_model(st, &f)?;
+    check_openai_fields(&f, false, st.engine.tok.n_vocab())?;
     let tok = st.engine.tok;
     let bad_prompt = || {
         ApiError::param(
@@ -1014,6 +1114,21 @@ fn message_value(
             ))
         }
     };
+    f.str("name")?;
+    // As OpenAI: only an assistant message that calls tools may leave out its content.
+    let calls_tools = role == "assistant"
+        && matches!(f.get("tool_calls"), Some(Value::Array(c)) if !c.is_empty());
+    if f.get("content").is_none() && !calls_tools {
+        let what = if role == "assistant" {
+            "is required unless the message has tool_calls"
+        } else {
+            "is required"
+        };
+        return Err(ApiError::param(
+            format!("'{p}.content' {what}"),
+            &format!("{p}.content"),
+        ));
+    }
     let content = match f.get("content") {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -1021,8 +1136,23 @@ fn message_value(
             let mut s = String::new();
             for (j, part) in parts.iter().enumerate() {
                 let pp = format!("{p}.content[{j}]");
+                if !part.is_object() {
+                    return Err(ApiError::param(format!("'{pp}' must be an object"), &pp));
+                }
                 match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
-                    (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
+                    (None, _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}.type' is required (a string: text or image_url)"),
+                            &format!("{pp}.type"),
+                        ))
+                    }
+                    (Some("text"), Some(Value::String(t))) => s.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}.text' must be a string"),
+                            &format!("{pp}.text"),
+                        ))
+                    }
                     (Some("image_url"), _) if role == "user" => {
                         if !vision {
                             return Err(ApiError::param(
@@ -1068,6 +1198,14 @@ fn message_value(
                 let mut vals = Vec::new();
                 for (j, c) in calls.iter().enumerate() {
                     let cp = format!("{p}.tool_calls[{j}]");
+                    if !matches!(c.get("type"), None | Some(Value::String(_)))
+                        || c.get("type").is_some_and(|t| t != "function")
+                    {
+                        return Err(ApiError::param(
+                            format!("'{cp}.type' must be \"function\""),
+                            &format!("{cp}.type"),
+                        ));
+                    }
                     let func = c
                         .get("function")
                         .and_then(|x| x.as_object())
@@ -1111,9 +1249,13 @@ fn message_value(
         }
     }
     if role == "tool" {
-        if let Some(id) = f.str("tool_call_id")? {
-            out.insert("tool_call_id".into(), JValue::from(id));
-        }
+        let id = f.str("tool_call_id")?.ok_or_else(|| {
+            ApiError::param(
+                format!("'{p}.tool_call_id' is required in a tool message"),
+                &format!("{p}.tool_call_id"),
+            )
+        })?;
+        out.insert("tool_call_id".into(), JValue::from(id));
     }
     Ok(JValue::from(out))
 }
@@ -1188,6 +1330,7 @@ fn prepare_chat(
     let m = parse_body(body)?;
     let f = Fields::new(&m);
     check_model(st, &f)?;
+    check_openai_fields(&f, true, st.engine.tok.n_vocab())?;
     chat_template(st)?;
     let mut image_bytes: Vec<Vec<u8>> = Vec::new();
     let messages = match f.get("messages") {
