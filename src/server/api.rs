@@ -19,7 +19,7 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use super::engine::{Done, Event, Finish, Job, TokenLogprob};
 use super::text::{tool_call_json, ChatStream, Delta};
 use super::AppState;
-use crate::chat::ChatOptions;
+use crate::chat::{ChatOptions, ChatTemplate};
 use crate::constraint::OutputConstraint;
 use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
 use crate::model::Prompt;
@@ -43,7 +43,11 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+    pub(super) fn new(
+        status: StatusCode,
+        kind: &'static str,
+        message: impl Into<String>,
+    ) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -54,19 +58,31 @@ impl ApiError {
         }
     }
 
-    fn invalid(message: impl Into<String>) -> ApiError {
+    pub(super) fn invalid(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
 
-    fn param(message: impl Into<String>, param: &str) -> ApiError {
+    pub(super) fn param(message: impl Into<String>, param: &str) -> ApiError {
         let mut e = ApiError::invalid(message);
         e.param = Some(param.to_string());
         e
     }
 
-    fn code(mut self, code: &'static str) -> ApiError {
+    pub(super) fn code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self
+    }
+
+    pub(super) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub(super) fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(super) fn retry_after(&self) -> Option<u32> {
+        self.retry_after
     }
 
     fn body(&self) -> Value {
@@ -148,7 +164,7 @@ fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_auth(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
     let Some(key) = &st.api_key else {
         return Ok(());
     };
@@ -197,9 +213,9 @@ fn parse_body(body: Result<Bytes, BytesRejection>) -> Result<Map<String, Value>,
 }
 
 /// Typed access to a request object's fields; wrong types are 400s naming the field.
-struct Fields<'a> {
-    m: &'a Map<String, Value>,
-    prefix: &'a str,
+pub(super) struct Fields<'a> {
+    pub(super) m: &'a Map<String, Value>,
+    pub(super) prefix: &'a str,
 }
 
 impl<'a> Fields<'a> {
@@ -288,18 +304,18 @@ fn check_model(st: &AppState, f: &Fields<'_>) -> Result<(), ApiError> {
 }
 
 /// Longest stop string (bytes): matching holds back and compares up to this much text per token.
-const MAX_STOP_LEN: usize = 512;
+pub(super) const MAX_STOP_LEN: usize = 512;
 
 /// Sampling and stopping settings shared by both completion endpoints.
-struct GenSettings {
-    params: SamplingParams,
-    max_tokens: Option<usize>,
-    stop: Vec<String>,
-    stream: bool,
-    include_usage: bool,
-    ignore_eos: bool,
+pub(super) struct GenSettings {
+    pub(super) params: SamplingParams,
+    pub(super) max_tokens: Option<usize>,
+    pub(super) stop: Vec<String>,
+    pub(super) stream: bool,
+    pub(super) include_usage: bool,
+    pub(super) ignore_eos: bool,
     /// The language the answer must follow (`response_format`, `grammar`, Ollama's `format`).
-    constraint: Option<OutputConstraint>,
+    pub(super) constraint: Option<OutputConstraint>,
 }
 
 fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSettings, ApiError> {
@@ -390,7 +406,106 @@ fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSetting
     })
 }
 
-fn check_context(n_prompt: usize, n_ctx: usize) -> Result<(), ApiError> {
+/// The request fields OpenAI checks that the settings above do not read or read leniently: 400s with
+/// `param` for what OpenAI refuses. Fields this server does not know are let through (vendor
+/// extensions).
+fn check_openai_fields(f: &Fields<'_>, chat: bool, n_vocab: usize) -> Result<(), ApiError> {
+    for key in ["max_tokens", "max_completion_tokens"] {
+        if f.get(key).is_some_and(|v| v.as_u64() == Some(0)) {
+            return Err(f.wrong(key, "at least 1"));
+        }
+    }
+    if matches!(f.get("stop"), Some(Value::Array(a)) if a.len() > 4) {
+        return Err(f.wrong("stop", "a string or an array of at most 4 strings"));
+    }
+    if let Some(bias) = f.object("logit_bias")? {
+        for (k, v) in bias {
+            let name = format!("logit_bias.{k}");
+            if !k.parse::<u64>().is_ok_and(|id| id < n_vocab as u64) {
+                return Err(ApiError::param(
+                    format!("'logit_bias' keys must be token ids below {n_vocab}, not '{k}'"),
+                    &name,
+                ));
+            }
+            if !v.as_f64().is_some_and(|b| (-100.0..=100.0).contains(&b)) {
+                return Err(ApiError::param(
+                    format!("'{name}' must be a number between -100 and 100"),
+                    &name,
+                ));
+            }
+        }
+        if !bias.is_empty() {
+            return Err(ApiError::param(
+                "'logit_bias' is not supported by this server",
+                "logit_bias",
+            ));
+        }
+    }
+    if f.get("stream_options").is_some() && !f.bool("stream")?.unwrap_or(false) {
+        return Err(ApiError::param(
+            "'stream_options' is only allowed when 'stream' is true",
+            "stream_options",
+        ));
+    }
+    f.str("user")?;
+    if !chat {
+        return Ok(());
+    }
+    if f.get("top_logprobs").is_some() && !f.bool("logprobs")?.unwrap_or(false) {
+        return Err(ApiError::param(
+            "'top_logprobs' requires 'logprobs' to be true",
+            "top_logprobs",
+        ));
+    }
+    let mut names = Vec::new();
+    if let Some(Value::Array(tools)) = f.get("tools") {
+        for (i, t) in tools.iter().enumerate() {
+            let tp = format!("tools[{i}]");
+            if t.get("type").and_then(|x| x.as_str()) != Some("function") {
+                return Err(ApiError::param(
+                    format!("'{tp}.type' must be \"function\""),
+                    &format!("{tp}.type"),
+                ));
+            }
+            match t.get("function").and_then(|x| x.get("parameters")) {
+                None | Some(Value::Null) | Some(Value::Object(_)) => {}
+                Some(_) => {
+                    return Err(ApiError::param(
+                        format!("'{tp}.function.parameters' must be a JSON schema object"),
+                        &format!("{tp}.function.parameters"),
+                    ))
+                }
+            }
+            if let Some(n) = t
+                .get("function")
+                .and_then(|x| x.get("name"))
+                .and_then(|n| n.as_str())
+            {
+                names.push(n);
+            }
+        }
+    }
+    match f.get("tool_choice") {
+        None => Ok(()),
+        Some(Value::String(s)) if matches!(s.as_str(), "none" | "auto" | "required") => Ok(()),
+        Some(Value::Object(o))
+            if o.get("type").and_then(|t| t.as_str()) == Some("function")
+                && o
+                    .get("function")
+                    .and_then(|x| x.get("name"))
+                    .and_then(|n| n.as_str())
+                    .is_some_and(|n| names.contains(&n)) =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(f.wrong(
+            "tool_choice",
+            "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}} naming one of the tools",
+        )),
+    }
+}
+
+pub(super) fn check_context(n_prompt: usize, n_ctx: usize) -> Result<(), ApiError> {
     if n_prompt == 0 {
         return Err(ApiError::param("the prompt is empty", "prompt").code("empty_prompt"));
     }
@@ -410,7 +525,7 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-fn new_id(prefix: &str) -> String {
+pub(super) fn new_id(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -425,7 +540,7 @@ fn new_id(prefix: &str) -> String {
 }
 
 /// serde_json → template value.
-fn to_jinja(v: &Value) -> JValue {
+pub(super) fn to_jinja(v: &Value) -> JValue {
     match v {
         Value::Null => JValue::from(()),
         Value::Bool(b) => JValue::from(*b),
@@ -614,16 +729,19 @@ pub async fn detokenize(
 // Completions
 
 /// A prepared generation: the job (without its channel) and what the response needs.
-struct Prepared {
-    prompt: Prompt,
-    checkpoints: Vec<usize>,
-    settings: GenSettings,
-    logprobs: Option<usize>,
-    special: bool,
-    cache_output: bool,
+pub(super) struct Prepared {
+    pub(super) prompt: Prompt,
+    pub(super) checkpoints: Vec<usize>,
+    pub(super) settings: GenSettings,
+    pub(super) logprobs: Option<usize>,
+    pub(super) special: bool,
+    pub(super) cache_output: bool,
 }
 
-fn submit(st: &AppState, p: &mut Prepared) -> Result<UnboundedReceiver<Event>, ApiError> {
+pub(super) fn submit(
+    st: &AppState,
+    p: &mut Prepared,
+) -> Result<UnboundedReceiver<Event>, ApiError> {
     if st.engine.stopping.load(Ordering::Relaxed) {
         return Err(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -661,7 +779,7 @@ fn generation_failed(msg: String) -> ApiError {
     )
 }
 
-fn cancelled_error() -> ApiError {
+pub(super) fn cancelled_error() -> ApiError {
     ApiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
@@ -725,7 +843,7 @@ fn sse_early_end(error: Option<String>) -> String {
 
 /// A whole (non-streamed) generation: every text piece goes to `on_text`; returns `Done` and the
 /// log-probabilities of all tokens, or the error that ended it (a cancellation included).
-async fn collect(
+pub(super) async fn collect(
     rx: &mut UnboundedReceiver<Event>,
     mut on_text: impl FnMut(String),
 ) -> Result<(Done, Vec<TokenLogprob>), ApiError> {
@@ -789,6 +907,7 @@ fn prepare_completion(
     let m = parse_body(body)?;
     let f = Fields::new(&m);
     check_model(st, &f)?;
+    check_openai_fields(&f, false, st.engine.tok.n_vocab())?;
     let tok = st.engine.tok;
     let bad_prompt = || {
         ApiError::param(
@@ -995,6 +1114,21 @@ fn message_value(
             ))
         }
     };
+    f.str("name")?;
+    // As OpenAI: only an assistant message that calls tools may leave out its content.
+    let calls_tools = role == "assistant"
+        && matches!(f.get("tool_calls"), Some(Value::Array(c)) if !c.is_empty());
+    if f.get("content").is_none() && !calls_tools {
+        let what = if role == "assistant" {
+            "is required unless the message has tool_calls"
+        } else {
+            "is required"
+        };
+        return Err(ApiError::param(
+            format!("'{p}.content' {what}"),
+            &format!("{p}.content"),
+        ));
+    }
     let content = match f.get("content") {
         None => String::new(),
         Some(Value::String(s)) => s.clone(),
@@ -1002,8 +1136,23 @@ fn message_value(
             let mut s = String::new();
             for (j, part) in parts.iter().enumerate() {
                 let pp = format!("{p}.content[{j}]");
+                if !part.is_object() {
+                    return Err(ApiError::param(format!("'{pp}' must be an object"), &pp));
+                }
                 match (part.get("type").and_then(|t| t.as_str()), part.get("text")) {
-                    (Some("text") | None, Some(Value::String(t))) => s.push_str(t),
+                    (None, _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}.type' is required (a string: text or image_url)"),
+                            &format!("{pp}.type"),
+                        ))
+                    }
+                    (Some("text"), Some(Value::String(t))) => s.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::param(
+                            format!("'{pp}.text' must be a string"),
+                            &format!("{pp}.text"),
+                        ))
+                    }
                     (Some("image_url"), _) if role == "user" => {
                         if !vision {
                             return Err(ApiError::param(
@@ -1049,6 +1198,14 @@ fn message_value(
                 let mut vals = Vec::new();
                 for (j, c) in calls.iter().enumerate() {
                     let cp = format!("{p}.tool_calls[{j}]");
+                    if !matches!(c.get("type"), None | Some(Value::String(_)))
+                        || c.get("type").is_some_and(|t| t != "function")
+                    {
+                        return Err(ApiError::param(
+                            format!("'{cp}.type' must be \"function\""),
+                            &format!("{cp}.type"),
+                        ));
+                    }
                     let func = c
                         .get("function")
                         .and_then(|x| x.as_object())
@@ -1092,9 +1249,13 @@ fn message_value(
         }
     }
     if role == "tool" {
-        if let Some(id) = f.str("tool_call_id")? {
-            out.insert("tool_call_id".into(), JValue::from(id));
-        }
+        let id = f.str("tool_call_id")?.ok_or_else(|| {
+            ApiError::param(
+                format!("'{p}.tool_call_id' is required in a tool message"),
+                &format!("{p}.tool_call_id"),
+            )
+        })?;
+        out.insert("tool_call_id".into(), JValue::from(id));
     }
     Ok(JValue::from(out))
 }
@@ -1148,7 +1309,7 @@ pub async fn chat_completions(
 }
 
 /// Runs request preparation on tokio's blocking pool.
-async fn blocking<T: Send + 'static>(
+pub(super) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f).await.map_err(|_| {
@@ -1169,11 +1330,8 @@ fn prepare_chat(
     let m = parse_body(body)?;
     let f = Fields::new(&m);
     check_model(st, &f)?;
-    let Some(template) = &st.template else {
-        return Err(ApiError::invalid(
-            "this model has no usable chat template; use /v1/completions",
-        ));
-    };
+    check_openai_fields(&f, true, st.engine.tok.n_vocab())?;
+    chat_template(st)?;
     let mut image_bytes: Vec<Vec<u8>> = Vec::new();
     let messages = match f.get("messages") {
         Some(Value::Array(a)) if !a.is_empty() => a
@@ -1244,6 +1402,48 @@ fn prepare_chat(
         None
     };
 
+    let ChatPrompt {
+        prompt,
+        checkpoints,
+        started_in_think,
+    } = render_chat(st, messages, &image_bytes, thinking, extra)?;
+    let p = Prepared {
+        prompt,
+        checkpoints,
+        settings,
+        logprobs,
+        special: true,
+        cache_output: false,
+    };
+    Ok((p, started_in_think, use_tools))
+}
+
+/// The server's chat template, or the error for a model without one.
+pub(super) fn chat_template(st: &AppState) -> Result<&ChatTemplate, ApiError> {
+    st.template.as_ref().ok_or_else(|| {
+        ApiError::invalid("this model has no usable chat template; use /v1/completions")
+    })
+}
+
+/// A conversation rendered and tokenized for generation.
+pub(super) struct ChatPrompt {
+    pub(super) prompt: Prompt,
+    /// Where the history ends: snapshotted for the conversation's next turn.
+    pub(super) checkpoints: Vec<usize>,
+    /// The generation prompt ends inside `<think>` (thinking on).
+    pub(super) started_in_think: bool,
+}
+
+/// Renders validated messages (template values; each image is a [`MEDIA_MARKER`] in a content, its
+/// bytes in `image_bytes` in order) with the generation prompt, encodes the images and tokenizes.
+pub(super) fn render_chat(
+    st: &AppState,
+    messages: Vec<JValue>,
+    image_bytes: &[Vec<u8>],
+    thinking: bool,
+    extra: Vec<(String, JValue)>,
+) -> Result<ChatPrompt, ApiError> {
+    let template = chat_template(st)?;
     let hist_opts = ChatOptions {
         add_generation_prompt: false,
         enable_thinking: Some(thinking),
@@ -1293,17 +1493,12 @@ fn prepare_chat(
             }
         }
     }
-    // With thinking on, the generation prompt ends inside `<think>`.
-    let started_in_think = full.trim_end().ends_with(crate::chat::THINK_OPEN);
-    let p = Prepared {
+    Ok(ChatPrompt {
         prompt,
         checkpoints,
-        settings,
-        logprobs,
-        special: true,
-        cache_output: false,
-    };
-    Ok((p, started_in_think, use_tools))
+        // With thinking on, the generation prompt ends inside `<think>`.
+        started_in_think: full.trim_end().ends_with(crate::chat::THINK_OPEN),
+    })
 }
 
 async fn chat_whole(
@@ -1556,7 +1751,7 @@ fn image_part(part: &Value, pp: &str) -> Result<Vec<u8>, ApiError> {
 }
 
 /// Standard base64 (padding optional, ASCII whitespace ignored).
-fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
+pub(super) fn decode_base64(s: &str) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(s.len() / 4 * 3);
     let (mut acc, mut bits, mut pad) = (0u32, 0u32, 0usize);
     for (i, c) in s.bytes().enumerate() {

@@ -2,12 +2,13 @@
 //! dedicated OS threads, see [`engine`]), with a prompt cache of session snapshots ([`cache`]).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (both streaming over SSE or not),
-//! `GET /v1/models`, `GET /health`, `GET /props`, `POST /tokenize`, `POST /detokenize`, and the chat
-//! page at `/` ([`webui`]).
+//! `GET /v1/models`, `GET /health`, `GET /props`, `POST /tokenize`, `POST /detokenize`; Ollama's API
+//! under `/api` ([`ollama`]); and the chat page at `/` ([`webui`]).
 
 pub mod api;
 pub mod cache;
 pub mod engine;
+pub mod ollama;
 pub mod text;
 pub mod webui;
 
@@ -78,6 +79,8 @@ pub struct AppState {
     pub images: Option<&'static ImageEncoder<'static>>,
     /// The chat page is served at `/`.
     pub webui: bool,
+    /// What the Ollama API says about the model.
+    pub ollama: ollama::ModelCard,
 }
 
 /// Loads the model, binds and serves until SIGINT/SIGTERM.
@@ -100,6 +103,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
             None
         }
     };
+    let card = ollama::ModelCard::new(file, &cfg.model_path);
     file.release_metadata_pages();
     let images = match &cfg.mmproj_path {
         Some(p) => {
@@ -163,6 +167,7 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         started: std::time::Instant::now(),
         images,
         webui: cfg.webui,
+        ollama: card,
     });
     let app = router(state, cfg.max_body, cfg.webui);
 
@@ -227,6 +232,7 @@ fn router(state: Arc<AppState>, max_body: usize, webui: bool) -> Router {
         } else {
             Router::new()
         })
+        .nest("/api", ollama::routes())
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
