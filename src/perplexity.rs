@@ -12,6 +12,8 @@
 //! logits of that chunk are compared with them (KL divergence, same top-1 token), so memory holds one
 //! chunk's base log-probabilities whatever the length of the text.
 
+mod plot;
+
 use std::io::Write;
 use std::time::Instant;
 
@@ -20,6 +22,8 @@ use rayon::prelude::*;
 
 use crate::model::{KvType, Model, Session};
 use crate::tokenizer::Tokenizer;
+
+pub use plot::{label_size, place_labels, plot_svg, PlotPoint, Rect};
 
 /// How the text is cut and evaluated.
 #[derive(Clone, Copy, Debug)]
@@ -568,259 +572,6 @@ pub fn evaluate(
     Ok(out)
 }
 
-/// One point of the plot.
-#[derive(Clone, Debug)]
-pub struct PlotPoint {
-    pub label: String,
-    pub bpw: f64,
-    pub ppl: f64,
-    pub ppl_err: f64,
-    /// Mean KL divergence from the base (`None`: not compared).
-    pub kl_mean: Option<f64>,
-}
-
-fn nice_step(range: f64, target: usize) -> f64 {
-    let raw = (range / target as f64).max(1e-12);
-    let mag = 10f64.powf(raw.log10().floor());
-    let norm = raw / mag;
-    let m = if norm <= 1.0 {
-        1.0
-    } else if norm <= 2.0 {
-        2.0
-    } else if norm <= 2.5 {
-        2.5
-    } else if norm <= 5.0 {
-        5.0
-    } else {
-        10.0
-    };
-    m * mag
-}
-
-/// Ticks covering `[lo, hi]`: (axis min, axis max, tick values).
-fn ticks(lo: f64, hi: f64, target: usize) -> (f64, f64, Vec<f64>) {
-    let (lo, hi) = if hi - lo < 1e-9 * hi.abs().max(1.0) {
-        let pad = (hi.abs() * 0.01).max(1e-3);
-        (lo - pad, hi + pad)
-    } else {
-        (lo, hi)
-    };
-    let step = nice_step(hi - lo, target);
-    let a = (lo / step).floor() * step;
-    let b = (hi / step).ceil() * step;
-    let n = ((b - a) / step).round() as usize;
-    let t = (0..=n).map(|i| a + i as f64 * step).collect();
-    (a, b, t)
-}
-
-fn fmt_tick(v: f64, step: f64) -> String {
-    let decimals = if step >= 1.0 {
-        usize::from(step.fract() > 1e-9)
-    } else {
-        (-step.log10().floor()) as usize
-            + usize::from((step / 10f64.powf(step.log10().floor())).fract() > 1e-6)
-    };
-    format!("{v:.decimals$}")
-}
-
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
-}
-
-/// Draws perplexity (with ± error bars) against bits per weight, one labelled point per file, and, when
-/// KL divergences are known, a second panel with the mean KL divergence (log scale) against bits per
-/// weight. A self-contained SVG document.
-pub fn plot_svg(title: &str, points: &[PlotPoint]) -> String {
-    use std::fmt::Write as _;
-    let with_kl = points.iter().any(|p| p.kl_mean.is_some_and(|k| k > 0.0));
-    let (w, panel_h) = (720.0, 340.0);
-    let h = if with_kl {
-        2.0 * panel_h + 40.0
-    } else {
-        panel_h + 40.0
-    };
-    let (ml, mr, mt, mb) = (80.0, 30.0, 50.0, 50.0);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<rect x="0" y="0" width="{w}" height="{h}" fill="white"/>"#
-    );
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15" font-weight="bold">{}</text>"#,
-        w / 2.0,
-        esc(title)
-    );
-    if points.is_empty() {
-        s.push_str("</svg>\n");
-        return s;
-    }
-    let bmin = points.iter().map(|p| p.bpw).fold(f64::INFINITY, f64::min);
-    let bmax = points
-        .iter()
-        .map(|p| p.bpw)
-        .fold(f64::NEG_INFINITY, f64::max);
-    let (x0, x1, xt) = ticks(bmin, bmax, 8);
-    let xstep = xt.get(1).map_or(1.0, |b| b - xt[0]);
-
-    // Panel: y values, error, log scale?
-    struct Panel<'a> {
-        top: f64,
-        ylabel: &'a str,
-        ys: Vec<Option<(f64, f64)>>,
-        log: bool,
-        id: &'a str,
-    }
-    let mut panels = vec![Panel {
-        top: mt,
-        ylabel: "perplexity (± error)",
-        ys: points.iter().map(|p| Some((p.ppl, p.ppl_err))).collect(),
-        log: false,
-        id: "ppl",
-    }];
-    if with_kl {
-        panels.push(Panel {
-            top: mt + panel_h + 20.0,
-            ylabel: "mean KL divergence from base (nats, log scale)",
-            ys: points
-                .iter()
-                .map(|p| p.kl_mean.filter(|&k| k > 0.0).map(|k| (k, 0.0)))
-                .collect(),
-            log: true,
-            id: "kl",
-        });
-    }
-    let pw = w - ml - mr;
-    let ph = panel_h - mt - mb + 20.0;
-    let sx = |b: f64| ml + (b - x0) / (x1 - x0).max(1e-12) * pw;
-    for p in &panels {
-        let vals: Vec<(f64, f64)> = p.ys.iter().flatten().copied().collect();
-        let tr = |v: f64| if p.log { v.log10() } else { v };
-        let lo = vals
-            .iter()
-            .map(|&(v, e)| tr(v - e))
-            .fold(f64::INFINITY, f64::min);
-        let hi = vals
-            .iter()
-            .map(|&(v, e)| tr(v + e))
-            .fold(f64::NEG_INFINITY, f64::max);
-        let (y0, y1, yt) = if p.log {
-            let (a, b) = (lo.floor(), hi.ceil().max(lo.floor() + 1.0));
-            let t: Vec<f64> = (a as i32..=b as i32).map(|e| e as f64).collect();
-            (a, b, t)
-        } else {
-            ticks(lo, hi, 6)
-        };
-        let ystep = yt.get(1).map_or(1.0, |b| b - yt[0]);
-        let top = p.top;
-        let sy = |v: f64| top + ph - (tr(v) - y0) / (y1 - y0).max(1e-12) * ph;
-        let syt = |t: f64| top + ph - (t - y0) / (y1 - y0).max(1e-12) * ph;
-        let _ = writeln!(s, r#"<g class="panel" id="{}">"#, p.id);
-        // Grid and ticks.
-        for &t in &yt {
-            let y = syt(t);
-            let label = if p.log {
-                format!("1e{}", t as i32)
-            } else {
-                fmt_tick(t, ystep)
-            };
-            let _ = writeln!(
-                s,
-                r##"<line x1="{ml}" y1="{y:.2}" x2="{:.2}" y2="{y:.2}" stroke="#ddd"/><line x1="{:.2}" y1="{y:.2}" x2="{ml}" y2="{y:.2}" stroke="black"/><text x="{:.2}" y="{:.2}" text-anchor="end">{label}</text>"##,
-                ml + pw,
-                ml - 5.0,
-                ml - 8.0,
-                y + 4.0
-            );
-        }
-        for &t in &xt {
-            let x = sx(t);
-            let yb = top + ph;
-            let _ = writeln!(
-                s,
-                r##"<line x1="{x:.2}" y1="{top}" x2="{x:.2}" y2="{yb:.2}" stroke="#eee"/><line x1="{x:.2}" y1="{yb:.2}" x2="{x:.2}" y2="{:.2}" stroke="black"/><text x="{x:.2}" y="{:.2}" text-anchor="middle">{}</text>"##,
-                yb + 5.0,
-                yb + 18.0,
-                fmt_tick(t, xstep)
-            );
-        }
-        // Axes.
-        let _ = writeln!(
-            s,
-            r#"<path d="M{ml},{top} V{:.2} H{:.2}" fill="none" stroke="black"/>"#,
-            top + ph,
-            ml + pw
-        );
-        let _ = writeln!(
-            s,
-            r#"<text x="{:.2}" y="{:.2}" text-anchor="middle">bits per weight</text>"#,
-            ml + pw / 2.0,
-            top + ph + 36.0
-        );
-        let cy = top + ph / 2.0;
-        let _ = writeln!(
-            s,
-            r#"<text x="20" y="{cy:.2}" text-anchor="middle" transform="rotate(-90 20 {cy:.2})">{}</text>"#,
-            esc(p.ylabel)
-        );
-        // Line through the points, by bits per weight.
-        let mut idx: Vec<usize> = (0..points.len()).filter(|&i| p.ys[i].is_some()).collect();
-        idx.sort_by(|&a, &b| points[a].bpw.total_cmp(&points[b].bpw));
-        if idx.len() > 1 {
-            let d: Vec<String> = idx
-                .iter()
-                .map(|&i| format!("{:.2},{:.2}", sx(points[i].bpw), sy(p.ys[i].unwrap().0)))
-                .collect();
-            let _ = writeln!(
-                s,
-                r##"<polyline points="{}" fill="none" stroke="#4878cf" stroke-width="1.5"/>"##,
-                d.join(" ")
-            );
-        }
-        for (k, &i) in idx.iter().enumerate() {
-            let (v, e) = p.ys[i].unwrap();
-            let (x, y) = (sx(points[i].bpw), sy(v));
-            if e > 0.0 {
-                let (ya, yb) = (sy(v + e), sy(v - e));
-                let _ = writeln!(
-                    s,
-                    r#"<path class="errorbar" d="M{x:.2},{ya:.2} V{yb:.2} M{:.2},{ya:.2} H{:.2} M{:.2},{yb:.2} H{:.2}" stroke="black" fill="none"/>"#,
-                    x - 4.0,
-                    x + 4.0,
-                    x - 4.0,
-                    x + 4.0
-                );
-            }
-            let value = if p.log {
-                format!("{v:.4}")
-            } else {
-                format!("{v:.2}")
-            };
-            // Alternate label sides so that neighbours do not collide.
-            let dy = if k % 2 == 0 { -10.0 } else { 18.0 };
-            let _ = writeln!(
-                s,
-                r##"<circle class="point" cx="{x:.2}" cy="{y:.2}" r="4" fill="#d62728"><title>{}: {:.3} bpw, {value}</title></circle><text x="{:.2}" y="{:.2}" font-size="11">{} {value}</text>"##,
-                esc(&points[i].label),
-                points[i].bpw,
-                x + 6.0,
-                y + dy,
-                esc(&points[i].label)
-            );
-        }
-        s.push_str("</g>\n");
-    }
-    s.push_str("</svg>\n");
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -869,13 +620,5 @@ mod tests {
             e.contains("UTF-8") && e.contains("offset 3") && e.contains("line 2"),
             "{e}"
         );
-    }
-
-    #[test]
-    fn ticks_are_nice() {
-        let (a, b, t) = ticks(2.9, 32.1, 8);
-        assert!(a <= 2.9 && b >= 32.1 && t.len() >= 4);
-        assert_eq!(fmt_tick(0.25, 0.05), "0.25");
-        assert_eq!(fmt_tick(47.5, 0.5), "47.5");
     }
 }

@@ -154,6 +154,106 @@ fn check_svg(svg: &str) {
     assert!(stack.is_empty(), "unclosed tags {stack:?}");
 }
 
+/// A `<text>` element of the SVG: where it is drawn and what it says.
+#[derive(Debug)]
+struct SvgText {
+    x: f64,
+    y: f64,
+    size: f64,
+    anchor: String,
+    dy: String,
+    text: String,
+}
+
+fn attr(tag: &str, name: &str) -> Option<String> {
+    let start = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+    let end = tag[start..].find('"')? + start;
+    Some(tag[start..end].to_string())
+}
+
+fn texts(svg: &str) -> Vec<SvgText> {
+    let mut out = Vec::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find("<text") {
+        let open_end = rest[i..].find('>').unwrap() + i;
+        let close = rest[open_end..].find("</text>").unwrap() + open_end;
+        let tag = &rest[i..open_end];
+        let num = |n: &str| {
+            attr(tag, n)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(f64::NAN)
+        };
+        out.push(SvgText {
+            x: num("x"),
+            y: num("y"),
+            size: num("font-size"),
+            anchor: attr(tag, "text-anchor").unwrap_or_default(),
+            dy: attr(tag, "dy").unwrap_or_default(),
+            text: rest[open_end + 1..close].trim().to_string(),
+        });
+        rest = &rest[close..];
+    }
+    out
+}
+
+/// Each point label (a text ending in one of `names`' file names) appears once per panel, drawn
+/// inside the picture, and no two point labels overlap (boxes estimated as generously as the plot
+/// does).
+fn check_labels(svg: &str, names: &[&str], panels: usize) {
+    let height: f64 = attr(&svg[..svg.find('>').unwrap()], "height")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let width: f64 = attr(&svg[..svg.find('>').unwrap()], "width")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let labels: Vec<SvgText> = texts(svg)
+        .into_iter()
+        .filter(|t| names.iter().any(|n| t.text.ends_with(&format!("{n}.gguf"))))
+        .collect();
+    for n in names {
+        let mine: Vec<&SvgText> = labels
+            .iter()
+            .filter(|t| t.text.ends_with(&format!("{n}.gguf")))
+            .collect();
+        assert_eq!(mine.len(), panels, "{n}: {mine:?}");
+        let mut halves: Vec<usize> = mine
+            .iter()
+            .map(|t| (t.y / height * panels as f64) as usize)
+            .collect();
+        halves.sort_unstable();
+        assert_eq!(
+            halves,
+            (0..panels).collect::<Vec<_>>(),
+            "{n}: one per panel"
+        );
+    }
+    let boxes: Vec<(f64, f64, f64, f64)> = labels
+        .iter()
+        .map(|t| {
+            assert_eq!(
+                (t.anchor.as_str(), t.dy.as_str()),
+                ("start", "0.76em"),
+                "{t:?}"
+            );
+            let w = 0.68 * t.size * t.text.chars().count() as f64;
+            (t.x, t.y, t.x + w, t.y + t.size)
+        })
+        .collect();
+    for (i, a) in boxes.iter().enumerate() {
+        assert!(
+            a.0 >= 0.0 && a.1 >= 0.0 && a.2 <= width && a.3 <= height,
+            "{:?} outside the picture",
+            labels[i]
+        );
+        for (j, b) in boxes.iter().enumerate().skip(i + 1) {
+            let apart = a.2 <= b.0 || b.2 <= a.0 || a.3 <= b.1 || b.3 <= a.1;
+            assert!(apart, "{:?} overlaps {:?}", labels[i], labels[j]);
+        }
+    }
+}
+
 /// F32 (twice: the second copy is compared with the first) + Q8_0 + Q4_K_M + Q2_K on the first windows,
 /// through the command line with --json, --plot and --save-logits.
 #[test]
@@ -226,20 +326,21 @@ fn sweep_orders_quant_levels() {
 
     let svg = std::fs::read_to_string(&svg).unwrap();
     check_svg(&svg);
-    let panel = |id: &str| {
-        let start = svg.find(&format!(r#"id="{id}""#)).unwrap();
-        let end = svg[start..].find("</g>").unwrap() + start;
-        svg[start..end].matches(r#"class="point""#).count()
-    };
-    assert_eq!(panel("ppl"), files.len(), "one perplexity point per file");
-    assert_eq!(
-        panel("kl"),
-        3,
-        "one KL point per file that differs from the base"
-    );
-    for label in ["Q8_0", "Q4_K_M", "Q2_K", "bits per weight", "perplexity"] {
-        assert!(svg.contains(label), "{label} missing from the plot");
+    check_labels(&svg, &["Q8_0", "Q4_K_M", "Q2_K"], 2);
+    for text in [
+        "bits per weight",
+        "perplexity",
+        "KL divergence",
+        "quantized",
+    ] {
+        assert!(svg.contains(text), "{text} missing from the plot");
     }
+    // the two F32 files are reference lines, in the legend with their perplexity
+    let legend = texts(&svg)
+        .into_iter()
+        .filter(|t| t.text.contains("F32") && t.text.contains(": 4"))
+        .count();
+    assert_eq!(legend, 2, "{svg}");
 
     // llama-perplexity's --kl-divergence-base layout: header, tokens, u16 log-probs per scored position.
     let n_vocab: usize = 4160;

@@ -57,6 +57,8 @@ struct Faults {
     token: Option<String>,
     /// Every hub request gets this status instead
     status: Option<u16>,
+    /// The listing gives the model file this size instead of its own
+    listed_size: Option<u64>,
 }
 
 struct State {
@@ -209,17 +211,22 @@ fn handle(name: &'static str, mut s: TcpStream, state: &State) -> std::io::Resul
         if !second {
             entries.push(r#"{"type":"directory","oid":"0","size":0,"path":"docs"}"#.into());
         }
+        let listed_size = state.faults.lock().unwrap().listed_size;
         for (i, (path, data)) in state.files.iter().enumerate() {
             if (i >= 2) != second {
                 continue;
             }
+            let size = match listed_size {
+                Some(n) if path == MODEL_FILE => n,
+                _ => data.len() as u64,
+            };
             entries.push(if path.ends_with(".gguf") {
                 format!(
                     r#"{{"type":"file","oid":"{}","size":{},"path":"{path}","lfs":{{"oid":"{}","size":{},"pointerSize":134}}}}"#,
                     &sha256_hex(path.as_bytes())[..40],
-                    data.len(),
+                    size,
                     sha256_hex(data),
-                    data.len()
+                    size
                 )
             } else {
                 format!(
@@ -585,6 +592,50 @@ fn a_corrupted_byte_fails_the_checksum_and_nothing_is_kept() {
 
     let (ok, _, err) = sb.deltaq(&server.url, &["pull", &format!("{REPO}:Q8_0"), "--offline"]);
     assert!(!ok && err.contains("not in the cache"), "{err}");
+}
+
+#[test]
+fn a_model_larger_than_the_free_space_fails_before_anything_is_written() {
+    let server = FakeHub::start();
+    let sb = Sandbox::new();
+    server.faults().listed_size = Some(1 << 60);
+    let started = Instant::now();
+    let (ok, out, err) = sb.deltaq(&server.url, &["pull", &format!("{REPO}:Q8_0")]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("not enough disk space")
+            && err.contains("1048576.0 TiB to download")
+            && err.contains("DELTAQ_CACHE"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(server.cdn_requests().is_empty());
+    assert_eq!(sb.files(), BTreeSet::new());
+    assert_eq!(std::fs::read_dir(sb.cache()).unwrap().count(), 0);
+}
+
+/// A disk that fills up during the download: the part is the kernel's always-full device, so every
+/// write fails with ENOSPC as on a full disk. The error says so, and nothing gets the model's name.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_full_disk_during_the_download_stops_with_a_clear_message() {
+    let server = FakeHub::start();
+    let sb = Sandbox::new();
+    let part = sb.cached(&format!("{MODEL_FILE}.part"));
+    std::fs::create_dir_all(part.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink("/dev/full", &part).unwrap();
+    let (ok, out, err) = sb.deltaq(&server.url, &["pull", REPO, "--no-mmproj"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("disk full writing") && err.contains(MODEL_FILE) && err.contains("resume"),
+        "{err}"
+    );
+    assert!(!err.contains("retry"), "a full disk is not retried: {err}");
+    assert!(!sb.cached(MODEL_FILE).exists());
+    assert!(std::fs::symlink_metadata(&part)
+        .unwrap()
+        .file_type()
+        .is_symlink());
 }
 
 #[test]

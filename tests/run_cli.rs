@@ -225,3 +225,75 @@ fn drafting_is_token_identical_on_every_isa() {
         }
     }
 }
+
+/// The demo model without its chat template, written with the crate's own GGUF writer.
+fn demo_model_without_template(dir: &std::path::Path) -> std::path::PathBuf {
+    use deltaq::gguf::{GgufFile, GgufWriter, TensorSpec};
+    let src =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/tiny-kjv-mtp-Q8_0.gguf");
+    let f = GgufFile::open(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in f.metadata() {
+        if k != "tokenizer.chat_template" {
+            w.set(k, v.to_owned_value());
+        }
+    }
+    for t in f.tensors() {
+        w.add_tensor(TensorSpec::new(t.name.clone(), t.ty, &t.ne))
+            .unwrap();
+    }
+    let out = dir.join("no-template.gguf");
+    w.write_to_path::<deltaq::gguf::GgufError>(&out, false, |i, _, sink| {
+        sink.write_all(f.tensor_data(&f.tensors()[i]))
+            .map_err(|e| deltaq::gguf::GgufError::Io(e.to_string()))
+    })
+    .unwrap();
+    out
+}
+
+#[test]
+fn a_model_without_a_chat_template_says_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = demo_model_without_template(dir.path());
+    let m = model.to_str().unwrap();
+    // chat mode (no prompt): an error naming the file and the way out, not a hang on stdin
+    let (ok, out, err) = deltaq(&["run", "-m", m]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("no-template.gguf has no usable chat template")
+            && err.contains("tokenizer.chat_template")
+            && err.contains("-p"),
+        "{err}"
+    );
+    // a prompt is continued as plain text, with a note
+    let (ok, out, err) = deltaq(&[
+        "run",
+        "-m",
+        m,
+        "-p",
+        "And God said",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.starts_with("And God said"), "{out}");
+    assert!(err.contains("no usable chat template"), "{err}");
+}
+
+#[test]
+fn an_empty_prompt_is_refused_before_the_model_loads() {
+    for prompt in ["", "  \n"] {
+        for extra in [&[][..], &["--raw"][..]] {
+            let mut args = vec!["run", "-m", "no-such-file.gguf", "-p", prompt];
+            args.extend_from_slice(extra);
+            let (ok, _, err) = deltaq(&args);
+            assert!(!ok);
+            assert!(
+                err.contains("the prompt is empty") && err.contains("interactive chat"),
+                "{err}"
+            );
+        }
+    }
+}

@@ -55,6 +55,22 @@ enum Command {
 
 pub use pull::rewrite_hf_flags;
 
+/// What `deltaq --version` prints after the name: the version, the git commit the binary was built
+/// from, and the kernel table this CPU runs (and the others it could).
+pub fn version() -> String {
+    let chosen = deltaq::kernels::kernels().isa.name();
+    let all: Vec<&str> = deltaq::kernels::available()
+        .iter()
+        .map(|k| k.isa.name())
+        .collect();
+    format!(
+        "{} (commit {})\nkernels: {chosen} (this CPU runs: {})",
+        env!("CARGO_PKG_VERSION"),
+        env!("DELTAQ_GIT_COMMIT"),
+        all.join(", ")
+    )
+}
+
 /// `--kv-type`: the KV cache's element type (llama.cpp's `-ctk`/`-ctv`, one flag for both).
 fn parse_kv_type(s: &str) -> Result<KvType, String> {
     KvType::from_name(s).ok_or_else(|| {
@@ -196,4 +212,48 @@ pub fn encode_image_files(
         out.push(e.image);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand, positional ones included, and every subcommand says
+    /// what it is in `--help`.
+    #[test]
+    fn every_argument_has_a_help_line() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                let own = id == "help" || id == "version";
+                if !own && !a.is_hide_set() && a.get_help().is_none() && a.get_long_help().is_none()
+                {
+                    missing.push(format!("{path}: {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                    missing.push(format!("{sub_path} (the subcommand)"));
+                }
+                walk(sub, &sub_path, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        let cmd = super::Cli::command();
+        walk(&cmd, "deltaq", &mut missing);
+        assert!(cmd.get_subcommands().count() >= 12);
+        assert!(missing.is_empty(), "without a help line: {missing:#?}");
+    }
+
+    #[test]
+    fn version_names_the_commit_and_kernel_table() {
+        let v = super::version();
+        let chosen = deltaq::kernels::kernels().isa.name();
+        assert!(v.starts_with(env!("CARGO_PKG_VERSION")), "{v}");
+        assert!(
+            v.contains("(commit ") && v.contains(&format!("kernels: {chosen}")),
+            "{v}"
+        );
+    }
 }

@@ -396,12 +396,16 @@ fn evaluate_files(
             .iter()
             .zip(&scores)
             .zip(labels)
-            .map(|((info, s), label)| PlotPoint {
+            .enumerate()
+            .map(|(i, ((info, s), label))| PlotPoint {
                 label,
                 bpw: info.bpw,
                 ppl: s.ppl(),
                 ppl_err: s.ppl_err(),
                 kl_mean: s.kl.as_ref().map(|k| k.mean),
+                reference: i == base || is_unquantized(&info.ftype),
+                // the sweep quantizes without an importance matrix (yet)
+                imatrix: false,
             })
             .collect();
         let text_name = a
@@ -412,10 +416,34 @@ fn evaluate_files(
             "Perplexity vs bits per weight: {text_name}, -c {}, {} windows",
             plan.n_ctx, plan.n_chunk
         );
-        std::fs::write(p, ppl::plot_svg(&title, &points))
-            .with_context(|| format!("writing {}", p.display()))?;
+        let svg = ppl::plot_svg(&title, &points).map_err(anyhow::Error::msg)?;
+        write_atomically(p, svg.as_bytes()).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("wrote {}", p.display());
     }
+    Ok(())
+}
+
+/// F32, F16 and BF16 files: the references the quantized files are measured against.
+fn is_unquantized(ftype: &str) -> bool {
+    matches!(ftype, "F32" | "F16" | "BF16")
+}
+
+/// `bytes` into `path` through a temporary file in the same folder, renamed over it when complete.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    // a temporary file is private; the plot is not
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644))?;
+    }
+    tmp.persist(path).map_err(|e| e.error)?;
     Ok(())
 }
 

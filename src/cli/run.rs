@@ -42,16 +42,23 @@ pub struct Args {
     /// Temperature (0: greedy)
     #[arg(long)]
     temp: Option<f32>,
+    /// Sample only from the K most likely tokens (0: all; default 20, the model card's)
     #[arg(long)]
     top_k: Option<usize>,
+    /// Sample from the most likely tokens whose probabilities add up to P (default: 0.95 thinking, 0.8 not)
     #[arg(long)]
     top_p: Option<f32>,
+    /// Drop tokens less likely than P times the most likely one (default 0: off)
     #[arg(long)]
     min_p: Option<f32>,
+    /// Subtract P from the logit of every token already in the last --repeat-last-n (default: 1.5 in
+    /// chat, 0 with --raw)
     #[arg(long)]
     presence_penalty: Option<f32>,
+    /// Subtract P times its count from the logit of every token in the last --repeat-last-n (default 0)
     #[arg(long)]
     frequency_penalty: Option<f32>,
+    /// Penalize tokens in the last --repeat-last-n by P, as llama.cpp's --repeat-penalty (default 1: off)
     #[arg(long = "repeat-penalty")]
     repeat_penalty: Option<f32>,
     /// Tokens the penalties look back over
@@ -78,6 +85,11 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    if a.prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
+        bail!(
+            "the prompt is empty: give some text with -p, or leave -p out for an interactive chat"
+        );
+    }
     let path = match a.hub.model_path(a.model.as_ref(), true)? {
         Some(p) => p,
         None => match &a.model {
@@ -117,7 +129,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 );
                 None
             }
-            Err(e) => return Err(e).context("interactive chat needs the model's chat template"),
+            Err(e) => bail!(
+                "{} has no usable chat template ({e}), and an interactive chat needs one: give a \
+                 prompt with -p to continue it as plain text (--raw)",
+                path.display()
+            ),
         }
     };
     f.release_metadata_pages();

@@ -73,10 +73,11 @@ pub(crate) fn download_once(
             fs::TryLockError::Error(e) => io_error(e, "locking", &part_path),
         }));
     }
-    let mut have = out
+    let part_len = out
         .metadata()
         .map_err(|e| fatal(io_error(e, "reading", &part_path)))?
         .len();
+    let mut have = part_len;
     if have > file.size {
         have = 0;
     }
@@ -100,8 +101,12 @@ pub(crate) fn download_once(
             have = 0;
             hasher = Sha256::new();
         }
-        out.set_len(have)
-            .and_then(|_| out.seek(SeekFrom::Start(have)))
+        // cut only what is to be rewritten: a part that already has the right length stays as it is
+        if part_len != have {
+            out.set_len(have)
+                .map_err(|e| fatal(write_error(e, &part_path, have, file.size)))?;
+        }
+        out.seek(SeekFrom::Start(have))
             .map_err(|e| fatal(write_error(e, &part_path, have, file.size)))?;
         bar.set_position(have);
         let mut body = r.response.into_body().into_reader();

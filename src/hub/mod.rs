@@ -12,6 +12,7 @@ mod download;
 mod http;
 mod reference;
 mod select;
+mod space;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -112,6 +113,19 @@ pub enum PullError {
         human_bytes(size.saturating_sub(*done))
     )]
     DiskFull { path: PathBuf, done: u64, size: u64 },
+    #[error(
+        "not enough disk space for {name}: {} to download, {} free in {}; free some space or set \
+         DELTAQ_CACHE to a folder on a larger disk",
+        human_bytes(*need),
+        human_bytes(*available),
+        folder.display()
+    )]
+    NoSpace {
+        name: String,
+        folder: PathBuf,
+        need: u64,
+        available: u64,
+    },
     #[error("{} is being downloaded by another deltaq process", path.display())]
     Busy { path: PathBuf },
     #[error("{url}: HTTP {status}")]
@@ -288,6 +302,9 @@ impl Hub {
     /// Downloads what `plan` names that the cache does not already hold.
     pub fn fetch(&self, plan: &Plan) -> Result<Pulled, PullError> {
         let repo = &plan.model_ref.repo;
+        if plan.from_cache.is_none() {
+            self.check_space(plan)?;
+        }
         let get = |f: &RepoFile| -> Result<PathBuf, PullError> {
             if plan.from_cache.is_some() {
                 Ok(self.cache.path_of(repo, &f.path))
@@ -308,6 +325,32 @@ impl Hub {
     /// [`Hub::plan`] then [`Hub::fetch`].
     pub fn pull(&self, r: &ModelRef, with_mmproj: bool) -> Result<Pulled, PullError> {
         self.fetch(&self.plan(r, with_mmproj)?)
+    }
+
+    /// Fails before anything is written when the plan's files do not fit on the cache's disk.
+    fn check_space(&self, plan: &Plan) -> Result<(), PullError> {
+        let repo = &plan.model_ref.repo;
+        let need: u64 = plan
+            .files()
+            .map(|f| {
+                let dest = self.cache.path_of(repo, &f.path);
+                if std::fs::metadata(&dest).is_ok_and(|m| m.len() == f.size) {
+                    return 0; // most likely current: the download step checks its hash
+                }
+                let part_len = std::fs::metadata(cache::part(&dest)).map_or(0, |m| m.len());
+                f.size.saturating_sub(part_len)
+            })
+            .fold(0u64, u64::saturating_add);
+        let folder = self.cache.root();
+        match space::available_bytes(folder) {
+            Some(available) if need > available => Err(PullError::NoSpace {
+                name: plan.model_ref.to_string(),
+                folder: folder.to_path_buf(),
+                need,
+                available,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// One file into the cache unless it is there already; its local path.
