@@ -180,6 +180,42 @@ fn clear_errors() {
     assert!(!ok && err.contains("deltaq-quant-vectors"), "{err}");
 }
 
+/// `-f FILE` is `-p` with the file's text (one trailing newline dropped, as llama.cpp's `-f`); a
+/// missing or non-UTF-8 file, or `-f` with `-p`, is a clear error.
+#[test]
+fn prompt_from_file() {
+    let dir = std::env::temp_dir().join(format!("deltaq-run-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("prompt.txt");
+    std::fs::write(&text, "In the beginning\n").unwrap();
+    fn args(src: &[&str]) -> (bool, String, String) {
+        let mut v = vec!["run", "--raw", "-n", "12", "--temp", "0"];
+        v.extend_from_slice(src);
+        deltaq(&v)
+    }
+    let (ok, from_flag, err) = args(&["-p", "In the beginning"]);
+    assert!(ok, "{err}");
+    let (ok, from_file, err) = args(&["-f", text.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(from_file, from_flag);
+
+    let (ok, _, err) = args(&["-f", dir.join("missing.txt").to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("reading the prompt file") && err.contains("missing.txt"),
+        "{err}"
+    );
+    let latin1 = dir.join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9").unwrap();
+    let (ok, _, err) = args(&["-f", latin1.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("not UTF-8") && err.contains("offset 3"),
+        "{err}"
+    );
+    let (ok, _, err) = args(&["-f", text.to_str().unwrap(), "-p", "x"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// `deltaq run` drafting with the demo model's MTP block, on every kernel table this CPU runs: greedy
 /// text with 1, 2 and 3 drafts per step (drafting forced on every step) is the text without drafts,
 /// and the run reports its draft counts.

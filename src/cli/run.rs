@@ -24,6 +24,14 @@ pub struct Args {
     /// Prompt; without it, an interactive chat starts
     #[arg(short = 'p', long)]
     prompt: Option<String>,
+    /// File holding the prompt (UTF-8; one trailing newline is dropped, as llama.cpp's -f)
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "prompt"
+    )]
+    file: Option<PathBuf>,
     /// Continue the prompt as plain text instead of wrapping it in the chat template
     #[arg(long)]
     raw: bool,
@@ -77,7 +85,10 @@ pub struct Args {
     images: super::ImageArgs,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    if let Some(file) = &a.file {
+        a.prompt = Some(read_prompt_file(file)?);
+    }
     let path = match a.hub.model_path(a.model.as_ref(), true)? {
         Some(p) => p,
         None => match &a.model {
@@ -224,6 +235,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The prompt in `path`, without one trailing newline (llama.cpp's `-f` drops it too).
+fn read_prompt_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the prompt file {}", path.display()))?;
+    let mut text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt file {} is not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    Ok(text)
 }
 
 fn demo_model() -> anyhow::Result<PathBuf> {
