@@ -155,3 +155,53 @@ fn kv_type_flag() {
         "{err}"
     );
 }
+
+/// `-d`: every test runs at every depth (llama-bench's order: depths, then pp before tg), named
+/// `pp16 @ d300`, with `n_depth` in the JSON; the depth's tokens are in the cache during the test (a
+/// second KV page is allocated), and a test that does not fit after its depth is refused.
+#[test]
+fn depth_flag() {
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "16", "-n", "4", "-d", "0,300", "-c", "600", "-r", "2",
+        "--bw-mib", "16", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tests: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|v| (v["test"].as_str().unwrap(), v["n_depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        tests,
+        [
+            ("pp16", 0),
+            ("tg4", 0),
+            ("pp16 @ d300", 300),
+            ("tg4 @ d300", 300)
+        ]
+    );
+    let kv = |i: usize| lines[i]["kv_cache_bytes"].as_u64().unwrap();
+    // 256-position pages: 16 tokens fill part of one, 300 + 16 reach into a second.
+    assert_eq!(kv(2), 2 * kv(0), "{out}");
+    assert_eq!(kv(3), 2 * kv(1), "{out}");
+    assert!(lines.iter().all(|v| v["n_ctx"] == 600), "{out}");
+
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "8", "-n", "0", "-d", "40", "-r", "1", "--bw-mib", "16",
+    ]);
+    assert!(ok, "{err}");
+    let cells: Vec<&str> = out.split('|').map(str::trim).collect();
+    assert!(cells.contains(&"pp8 @ d40"), "{out}");
+    assert!(out.contains("sequence state after 48 tokens"), "{out}");
+
+    let (ok, _, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "64", "-n", "0", "-d", "100", "-c", "128",
+    ]);
+    assert!(
+        !ok && err.contains("pp64 at depth 100 does not fit in the context size 128"),
+        "{err}"
+    );
+}
