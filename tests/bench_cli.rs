@@ -148,10 +148,15 @@ fn kv_type_flag() {
     let (t32, b32) = kv_bytes(Some("f32"));
     assert_eq!((t16.as_str(), t32.as_str()), ("f16", "f32"));
     assert!(b16 > 0 && b32 == 2 * b16, "f16 {b16} B, f32 {b32} B");
+    // Blocks of 32 values: 34 bytes (Q8_0) and 18 bytes (Q4_0) against 64 at f16.
+    let (t8, b8) = kv_bytes(Some("q8_0"));
+    let (t4, b4) = kv_bytes(Some("q4_0"));
+    assert_eq!((t8.as_str(), t4.as_str()), ("q8_0", "q4_0"));
+    assert_eq!((b8 * 64, b4 * 64), (b16 * 34, b16 * 18));
     assert_eq!(kv_bytes(Some("F16")), (t16, b16));
-    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "--kv-type", "q8_0"]);
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "--kv-type", "q5_1"]);
     assert!(
-        !ok && err.contains("unknown KV cache type 'q8_0'") && err.contains("f16, f32"),
+        !ok && err.contains("unknown KV cache type 'q5_1'") && err.contains("f16, f32, q8_0, q4_0"),
         "{err}"
     );
 }

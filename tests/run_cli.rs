@@ -261,3 +261,47 @@ fn drafting_is_token_identical_on_every_isa() {
         }
     }
 }
+
+/// `-c` beyond the training context (4096 for the demo model) needs RoPE scaling: refused without it
+/// (the error names the flags), run with YaRN ×2 up to 8192; YaRN changes the text's logits, so greedy
+/// text may differ, and a bad factor is a clear error.
+#[test]
+fn context_beyond_training_needs_rope_scaling() {
+    let base = [
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+    ];
+    let with = |extra: &[&str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        deltaq(&v)
+    };
+    let (ok, _, err) = with(&["-c", "8192"]);
+    assert!(
+        !ok && err.contains("--rope-scaling yarn --rope-scale 2"),
+        "{err}"
+    );
+    let (ok, out, err) = with(&["-c", "8192", "--rope-scaling", "yarn", "--rope-scale", "2"]);
+    assert!(ok && out.starts_with("In the beginning"), "{err}");
+    let (ok, _, err) = with(&["-c", "8193", "--rope-scaling", "yarn", "--rope-scale", "2"]);
+    assert!(
+        !ok && err.contains("stretched by the RoPE scaling (8192 tokens)"),
+        "{err}"
+    );
+    let (ok, _, err) = with(&["--rope-scaling", "yarn", "--rope-scale", "0"]);
+    assert!(
+        !ok && err.contains("--rope-scale must be a positive number"),
+        "{err}"
+    );
+    let (ok, _, err) = with(&["--rope-scaling", "longrope"]);
+    assert!(
+        !ok && err.contains("unknown RoPE scaling 'longrope'"),
+        "{err}"
+    );
+}

@@ -70,13 +70,15 @@ pub struct Args {
     /// Seed of the random token ids
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     /// Also measure self-speculative decoding with N drafts per step (the model's MTP block): the
     /// cost of a verification pass and of drafting against a 1-token step, and tg with drafts
     #[arg(long = "draft", value_name = "N")]
     draft: Option<usize>,
+    #[command(flatten)]
+    rope: super::RopeArgs,
     #[command(flatten)]
     hub: super::pull::HubArgs,
 }
@@ -127,17 +129,14 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
     };
     let f = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
-    let train = model.hp.n_ctx_train;
+    let mut model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    a.rope.apply(&mut model)?;
+    model.hp.check_kv_type(a.kv_type)?;
     let n_ctx = |kind: TestKind, depth: usize| a.ctx_size.unwrap_or(depth + kind.n_tokens());
     for &d in &a.n_depth {
         for &t in &tests {
             let c = n_ctx(t, d);
-            if c > train {
-                bail!(
-                    "context size {c} is longer than the model's training context ({train} tokens)"
-                );
-            }
+            model.hp.check_ctx(c)?;
             if d + t.n_tokens() > c {
                 let at = if d > 0 {
                     format!(" at depth {d}")

@@ -44,7 +44,7 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     /// Temperature (0: greedy)
@@ -80,6 +80,8 @@ pub struct Args {
     #[command(flatten)]
     draft: super::DraftArgs,
     #[command(flatten)]
+    rope: super::RopeArgs,
+    #[command(flatten)]
     hub: super::pull::HubArgs,
     #[command(flatten)]
     images: super::ImageArgs,
@@ -100,14 +102,13 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
         .num_threads(a.threads.unwrap_or(0))
         .build()?;
     let f = GgufFile::open(&path)?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    a.rope.apply(&mut model)?;
+    model.hp.check_kv_type(a.kv_type)?;
     let tok =
         Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
     if let Some(c) = a.ctx_size {
-        let train = model.hp.n_ctx_train;
-        if c > train {
-            bail!("context size {c} is longer than the model's training context ({train} tokens)");
-        }
+        model.hp.check_ctx(c)?;
     }
     let params = sampling(&a);
     let max_new = (a.n_predict >= 0).then_some(a.n_predict as usize);
