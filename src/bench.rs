@@ -6,6 +6,9 @@
 //!   from an empty state, each with its logits. A test is repeated `reps` times after a warm-up run
 //!   (the whole prompt, or one generated token) on one session, cleared ([`Session::clear`]) outside
 //!   the timed part, which keeps its buffers as llama-bench keeps its context's.
+//! * At a depth `d` (llama-bench's `-d`, `n_depth`), every repetition starts from a sequence already
+//!   holding `d` random tokens: they are fed once, untimed, and each repetition goes back to that
+//!   state ([`Session::rewind_to`]) as llama-bench restores its saved state of the depth run.
 //! * Speed per repetition is tokens / seconds; the mean and the sample standard deviation are
 //!   llama-bench's `avg_ts` and `stddev_ts`, and the median is ours.
 //! * The bytes of weights read per decoded token are every tensor of the trunk, except that only one
@@ -51,6 +54,8 @@ impl TestKind {
 #[derive(Clone, Debug)]
 pub struct TestResult {
     pub kind: TestKind,
+    /// Tokens in the sequence before each repetition (llama-bench's `n_depth`).
+    pub n_depth: usize,
     /// Wall time of each repetition.
     pub samples_ns: Vec<u64>,
     /// Bytes of the sequence state after a repetition: KV cache and recurrent (conv + delta-rule) state.
@@ -59,6 +64,14 @@ pub struct TestResult {
 }
 
 impl TestResult {
+    /// `pp512`, or `pp512 @ d4096` at a depth, as llama-bench names its tests.
+    pub fn name(&self) -> String {
+        match self.n_depth {
+            0 => self.kind.name(),
+            d => format!("{} @ d{d}", self.kind.name()),
+        }
+    }
+
     /// Tokens per second of each repetition.
     pub fn samples_ts(&self) -> Vec<f64> {
         let n = self.kind.n_tokens() as f64;
@@ -136,6 +149,8 @@ pub struct TestSetup {
     pub reps: usize,
     /// Context size of each repetition's sequence.
     pub n_ctx: usize,
+    /// Random tokens fed (untimed) before each repetition; only [`run_test`] reads it.
+    pub n_depth: usize,
     pub kv_type: KvType,
     /// One untimed run first.
     pub warmup: bool,
@@ -143,12 +158,14 @@ pub struct TestSetup {
     pub seed: u64,
 }
 
-/// Runs one test in the current rayon pool: `warmup` untimed run(s), then `reps` timed ones, each from
-/// an empty sequence of `n_ctx` tokens.
+/// Runs one test in the current rayon pool: `warmup` untimed run(s) from an empty sequence, then
+/// `reps` timed ones, each from a sequence holding the same `n_depth` random tokens, in a context of
+/// `n_ctx` tokens.
 pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<TestResult> {
     let &TestSetup {
         reps,
         n_ctx,
+        n_depth,
         kv_type,
         warmup,
         seed,
@@ -157,10 +174,11 @@ pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<Test
     if n == 0 {
         bail!("a test needs at least one token");
     }
-    if n > n_ctx {
+    if n_depth + n > n_ctx {
         bail!(
-            "{} needs a context of {n} tokens, but the context size is {n_ctx}",
-            kind.name()
+            "{} at depth {n_depth} needs a context of {} tokens, but the context size is {n_ctx}",
+            kind.name(),
+            n_depth + n
         );
     }
     let n_vocab = model.n_vocab();
@@ -168,46 +186,66 @@ pub fn run_test(model: &Model, kind: TestKind, setup: &TestSetup) -> Result<Test
     // One session per test, cleared between runs (as llama-bench clears its context's memory): its
     // buffers are allocated by the first run, not inside every timed one.
     let mut s = Session::with_kv_type(model, Some(n_ctx), kv_type);
-    let mut one = |timed: bool| -> Result<(u64, usize, usize)> {
-        s.clear();
-        let prompt: Vec<u32> = match kind {
-            TestKind::Prompt(n) => (0..n).map(|_| rng.next(n_vocab)).collect(),
-            TestKind::Gen(_) => Vec::new(),
-        };
-        let t0 = Instant::now();
-        match kind {
-            TestKind::Prompt(_) => {
-                s.forward_last(&prompt)?;
-            }
-            TestKind::Gen(n) => {
-                let n = if timed { n } else { 1 };
-                let mut tok = rng.next(n_vocab);
-                for _ in 0..n {
-                    s.forward_last_ref(&[tok])?;
-                    tok = rng.next(n_vocab);
-                }
-            }
-        }
-        let ns = t0.elapsed().as_nanos() as u64;
-        let (kv, rec) = s.state_parts();
-        Ok((ns, kv, rec))
-    };
     if warmup {
-        one(false)?;
+        s.clear();
+        timed_run(&mut s, kind, &mut rng, n_vocab, false)?;
     }
+    // The state every repetition starts from: empty, or `n_depth` tokens (fed once, untimed).
+    s.clear();
+    let at_depth = if n_depth > 0 {
+        let fill: Vec<u32> = (0..n_depth).map(|_| rng.next(n_vocab)).collect();
+        s.feed(&fill)?;
+        Some(s.clone())
+    } else {
+        None
+    };
     let mut r = TestResult {
         kind,
+        n_depth,
         samples_ns: Vec::with_capacity(reps),
         kv_bytes: 0,
         recurrent_bytes: 0,
     };
     for _ in 0..reps {
-        let (ns, kv, rec) = one(true)?;
-        r.samples_ns.push(ns);
-        r.kv_bytes = kv;
-        r.recurrent_bytes = rec;
+        match &at_depth {
+            Some(d) => s.rewind_to(d)?,
+            None => s.clear(),
+        }
+        r.samples_ns
+            .push(timed_run(&mut s, kind, &mut rng, n_vocab, true)?);
+        (r.kv_bytes, r.recurrent_bytes) = s.state_parts();
     }
     Ok(r)
+}
+
+/// One run of `kind` on `s` with random ids below `n_vocab`, in nanoseconds: the whole prompt, or `n`
+/// generated tokens (one when not `full`: a warm-up).
+fn timed_run(
+    s: &mut Session,
+    kind: TestKind,
+    rng: &mut TokenRng,
+    n_vocab: usize,
+    full: bool,
+) -> Result<u64> {
+    let prompt: Vec<u32> = match kind {
+        TestKind::Prompt(n) => (0..n).map(|_| rng.next(n_vocab)).collect(),
+        TestKind::Gen(_) => Vec::new(),
+    };
+    let t0 = Instant::now();
+    match kind {
+        TestKind::Prompt(_) => {
+            s.forward_last(&prompt)?;
+        }
+        TestKind::Gen(n) => {
+            let n = if full { n } else { 1 };
+            let mut tok = rng.next(n_vocab);
+            for _ in 0..n {
+                s.forward_last_ref(&[tok])?;
+                tok = rng.next(n_vocab);
+            }
+        }
+    }
+    Ok(t0.elapsed().as_nanos() as u64)
 }
 
 /// Sizes of a model file, as llama-bench reports them and as decoding reads them.
@@ -503,6 +541,7 @@ pub fn spec_gen(
     let mut stats = crate::model::DraftStats::default();
     let mut r = TestResult {
         kind: TestKind::Gen(n),
+        n_depth: 0,
         samples_ns: Vec::with_capacity(setup.reps),
         kv_bytes: 0,
         recurrent_bytes: 0,

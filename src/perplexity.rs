@@ -424,8 +424,30 @@ pub fn evaluate(
     tokens: &[u32],
     plan: &Plan,
     progress: &mut (dyn FnMut(Progress) + Send),
+    save: Option<&mut SaveFn<'_>>,
+) -> Result<Vec<Scores>> {
+    let kv_types = vec![plan.kv_type; models.len()];
+    evaluate_kv(models, &kv_types, base, tokens, plan, progress, save)
+}
+
+/// [`evaluate`] with model `i` run with a KV cache of `kv_types[i]` (the same model several times
+/// compares KV cache types).
+pub fn evaluate_kv(
+    models: &[&Model],
+    kv_types: &[KvType],
+    base: usize,
+    tokens: &[u32],
+    plan: &Plan,
+    progress: &mut (dyn FnMut(Progress) + Send),
     mut save: Option<&mut SaveFn<'_>>,
 ) -> Result<Vec<Scores>> {
+    if kv_types.len() != models.len() {
+        bail!(
+            "{} KV cache types for {} models",
+            kv_types.len(),
+            models.len()
+        );
+    }
     if models.is_empty() {
         bail!("no model to evaluate");
     }
@@ -465,7 +487,11 @@ pub fn evaluate(
         let mut base_top: Vec<usize> = Vec::new();
         let mut base_nlls: Vec<f64> = Vec::new();
         for &mi in &order {
-            let (mut logits, secs) = eval_window(models[mi], window, plan)
+            let run = Plan {
+                kv_type: kv_types[mi],
+                ..*plan
+            };
+            let (mut logits, secs) = eval_window(models[mi], window, &run)
                 .with_context(|| format!("model {}, chunk {}", mi + 1, c + 1))?;
             seconds[mi] += secs;
             debug_assert_eq!(logits.len(), n_scored * n_vocab);

@@ -148,10 +148,65 @@ fn kv_type_flag() {
     let (t32, b32) = kv_bytes(Some("f32"));
     assert_eq!((t16.as_str(), t32.as_str()), ("f16", "f32"));
     assert!(b16 > 0 && b32 == 2 * b16, "f16 {b16} B, f32 {b32} B");
+    // Blocks of 32 values: 34 bytes (Q8_0) and 18 bytes (Q4_0) against 64 at f16.
+    let (t8, b8) = kv_bytes(Some("q8_0"));
+    let (t4, b4) = kv_bytes(Some("q4_0"));
+    assert_eq!((t8.as_str(), t4.as_str()), ("q8_0", "q4_0"));
+    assert_eq!((b8 * 64, b4 * 64), (b16 * 34, b16 * 18));
     assert_eq!(kv_bytes(Some("F16")), (t16, b16));
-    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "--kv-type", "q8_0"]);
+    let (ok, _, err) = deltaq(&["bench", "-m", MODEL, "--kv-type", "q5_1"]);
     assert!(
-        !ok && err.contains("unknown KV cache type 'q8_0'") && err.contains("f16, f32"),
+        !ok && err.contains("unknown KV cache type 'q5_1'") && err.contains("f16, f32, q8_0, q4_0"),
+        "{err}"
+    );
+}
+
+/// `-d`: every test runs at every depth (llama-bench's order: depths, then pp before tg), named
+/// `pp16 @ d300`, with `n_depth` in the JSON; the depth's tokens are in the cache during the test (a
+/// second KV page is allocated), and a test that does not fit after its depth is refused.
+#[test]
+fn depth_flag() {
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "16", "-n", "4", "-d", "0,300", "-c", "600", "-r", "2",
+        "--bw-mib", "16", "--json",
+    ]);
+    assert!(ok, "{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tests: Vec<(&str, u64)> = lines
+        .iter()
+        .map(|v| (v["test"].as_str().unwrap(), v["n_depth"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        tests,
+        [
+            ("pp16", 0),
+            ("tg4", 0),
+            ("pp16 @ d300", 300),
+            ("tg4 @ d300", 300)
+        ]
+    );
+    let kv = |i: usize| lines[i]["kv_cache_bytes"].as_u64().unwrap();
+    // 256-position pages: 16 tokens fill part of one, 300 + 16 reach into a second.
+    assert_eq!(kv(2), 2 * kv(0), "{out}");
+    assert_eq!(kv(3), 2 * kv(1), "{out}");
+    assert!(lines.iter().all(|v| v["n_ctx"] == 600), "{out}");
+
+    let (ok, out, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "8", "-n", "0", "-d", "40", "-r", "1", "--bw-mib", "16",
+    ]);
+    assert!(ok, "{err}");
+    let cells: Vec<&str> = out.split('|').map(str::trim).collect();
+    assert!(cells.contains(&"pp8 @ d40"), "{out}");
+    assert!(out.contains("sequence state after 48 tokens"), "{out}");
+
+    let (ok, _, err) = deltaq(&[
+        "bench", "-m", MODEL, "-p", "64", "-n", "0", "-d", "100", "-c", "128",
+    ]);
+    assert!(
+        !ok && err.contains("pp64 at depth 100 does not fit in the context size 128"),
         "{err}"
     );
 }

@@ -11,9 +11,10 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use deltaq::kernels::attend::{attend_ref, KvElem, KvPages};
+use deltaq::kernels::attend_quant::{attend_quant_with, KvBlock};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::model::KV_PAGE;
-use deltaq::quant::{self, GgmlType};
+use deltaq::quant::{self, BlockQ4_0, BlockQ8_0, GgmlType};
 use half::f16;
 
 const QUANT_TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
@@ -397,6 +398,112 @@ fn attend_matches_scalar() {
                     let f32s = attend_case::<f32>(k, hd, nkv, n_ctx, page_rows, &mut rng);
                     let f16s = attend_case::<f16>(k, hd, nkv, n_ctx, page_rows, &mut rng);
                     for (ty, res) in [("f32", f32s), ("f16", f16s)] {
+                        for (m, (got, want)) in res.iter().enumerate() {
+                            let norm = want.iter().fold(0f32, |a, w| a.max(w.abs()));
+                            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                                assert!(
+                                    (g - w).abs() <= 1e-5 * norm,
+                                    "{} {ty} hd={hd} nkv={nkv} head {m} n_ctx={n_ctx} \
+                                     page_rows={page_rows} [{i}]: {g} vs {w}",
+                                    k.isa.name()
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One query's attention over a random cache of blocks `B` (Q8_0 or Q4_0), `nkv` KV heads of `hd`
+/// values in pages of `page_rows` positions, through table `k` and the scalar table: (got, want) per
+/// head. Also holds the scalar result to the f32 reference attention over the dequantized cache with
+/// the dequantized Q8_0 query (the same sums in f32, so within rounding).
+fn attend_quant_case<B: KvBlock>(
+    k: &Kernels,
+    hd: usize,
+    nkv: usize,
+    n_ctx: usize,
+    page_rows: usize,
+    rng: &mut Rng,
+) -> Vec<(Vec<f32>, Vec<f32>)> {
+    let stride = nkv * hd;
+    let kf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
+    let vf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
+    let page = |x: &[f32]| -> Vec<Vec<B>> {
+        x.chunks(page_rows * stride)
+            .map(|c| {
+                let mut v = Vec::new();
+                B::extend_from_f32(&mut v, c);
+                v
+            })
+            .collect()
+    };
+    let (kp, vp) = (page(&kf), page(&vf));
+    let dequant = |pages: &[Vec<B>]| -> Vec<Vec<f32>> {
+        pages
+            .iter()
+            .map(|p| {
+                let mut out = vec![0f32; p.len() * 32];
+                B::dequantize(p, &mut out);
+                out
+            })
+            .collect()
+    };
+    let (kd, vd) = (dequant(&kp), dequant(&vp));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let nb = hd / 32;
+    (0..nkv)
+        .map(|m| {
+            let q: Vec<f32> = (0..hd).map(|_| 6.0 * rng.f()).collect();
+            let kv = KvPages {
+                k: &kp,
+                v: &vp,
+                page_rows,
+                stride: stride / 32,
+                offset: m * nb,
+            };
+            let mut want = vec![0f32; hd];
+            let mut got = vec![f32::NAN; hd];
+            attend_quant_with(scalar(), &q, kv, n_ctx, scale, &mut want);
+            attend_quant_with(k, &q, kv, n_ctx, scale, &mut got);
+            // The reference math: f32 attention over the dequantized cache and query.
+            let mut qq = vec![0u8; hd / 32 * 34];
+            quant::quantize_row(GgmlType::Q8_0, &q, &mut qq).unwrap();
+            let mut qd = vec![0f32; hd];
+            quant::dequantize_row(GgmlType::Q8_0, &qq, &mut qd).unwrap();
+            let mut exact = vec![0f32; hd];
+            let kvf = KvPages {
+                k: &kd,
+                v: &vd,
+                page_rows,
+                stride,
+                offset: m * hd,
+            };
+            attend_ref(&qd, kvf, n_ctx, scale, &mut exact);
+            let norm = exact.iter().fold(0f32, |a, w| a.max(w.abs()));
+            for (w, e) in want.iter().zip(&exact) {
+                assert!((w - e).abs() <= 1e-5 * norm, "scalar {w} vs f32 math {e}");
+            }
+            (got, want)
+        })
+        .collect()
+}
+
+/// Attention over Q8_0 and Q4_0 caches: every table (its `quant_rows` and Q8_0 quantizer) against
+/// the scalar table within 1e-5 of the output's scale, for the shapes of `attend_matches_scalar`
+/// whose heads are whole blocks.
+#[test]
+fn attend_quant_matches_scalar() {
+    for k in tables() {
+        for (hd, nkv) in [(256, 2), (64, 1), (32, 3)] {
+            for n_ctx in [1, 2, 7, 128, 129, 300, 1031] {
+                for page_rows in [KV_PAGE, n_ctx, 100] {
+                    let mut rng = Rng((hd * 7919 + n_ctx * 31 + page_rows) as u64);
+                    let q8 = attend_quant_case::<BlockQ8_0>(k, hd, nkv, n_ctx, page_rows, &mut rng);
+                    let q4 = attend_quant_case::<BlockQ4_0>(k, hd, nkv, n_ctx, page_rows, &mut rng);
+                    for (ty, res) in [("q8_0", q8), ("q4_0", q4)] {
                         for (m, (got, want)) in res.iter().enumerate() {
                             let norm = want.iter().fold(0f32, |a, w| a.max(w.abs()));
                             for (i, (g, w)) in got.iter().zip(want).enumerate() {

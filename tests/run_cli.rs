@@ -297,3 +297,83 @@ fn an_empty_prompt_is_refused_before_the_model_loads() {
         }
     }
 }
+
+/// `-f FILE` is `-p` with the file's text (one trailing newline dropped, as llama.cpp's `-f`); a
+/// missing or non-UTF-8 file, or `-f` with `-p`, is a clear error.
+#[test]
+fn prompt_from_file() {
+    let dir = std::env::temp_dir().join(format!("deltaq-run-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = dir.join("prompt.txt");
+    std::fs::write(&text, "In the beginning\n").unwrap();
+    fn args(src: &[&str]) -> (bool, String, String) {
+        let mut v = vec!["run", "--raw", "-n", "12", "--temp", "0"];
+        v.extend_from_slice(src);
+        deltaq(&v)
+    }
+    let (ok, from_flag, err) = args(&["-p", "In the beginning"]);
+    assert!(ok, "{err}");
+    let (ok, from_file, err) = args(&["-f", text.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert_eq!(from_file, from_flag);
+
+    let (ok, _, err) = args(&["-f", dir.join("missing.txt").to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("reading the prompt file") && err.contains("missing.txt"),
+        "{err}"
+    );
+    let latin1 = dir.join("latin1.txt");
+    std::fs::write(&latin1, b"caf\xe9").unwrap();
+    let (ok, _, err) = args(&["-f", latin1.to_str().unwrap()]);
+    assert!(
+        !ok && err.contains("not UTF-8") && err.contains("offset 3"),
+        "{err}"
+    );
+    let (ok, _, err) = args(&["-f", text.to_str().unwrap(), "-p", "x"]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `-c` beyond the training context (4096 for the demo model) needs RoPE scaling: refused without it
+/// (the error names the flags), run with YaRN ×2 up to 8192; YaRN changes the text's logits, so greedy
+/// text may differ, and a bad factor is a clear error.
+#[test]
+fn context_beyond_training_needs_rope_scaling() {
+    let base = [
+        "run",
+        "--raw",
+        "-p",
+        "In the beginning",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+    ];
+    let with = |extra: &[&str]| {
+        let mut v = base.to_vec();
+        v.extend_from_slice(extra);
+        deltaq(&v)
+    };
+    let (ok, _, err) = with(&["-c", "8192"]);
+    assert!(
+        !ok && err.contains("--rope-scaling yarn --rope-scale 2"),
+        "{err}"
+    );
+    let (ok, out, err) = with(&["-c", "8192", "--rope-scaling", "yarn", "--rope-scale", "2"]);
+    assert!(ok && out.starts_with("In the beginning"), "{err}");
+    let (ok, _, err) = with(&["-c", "8193", "--rope-scaling", "yarn", "--rope-scale", "2"]);
+    assert!(
+        !ok && err.contains("stretched by the RoPE scaling (8192 tokens)"),
+        "{err}"
+    );
+    let (ok, _, err) = with(&["--rope-scaling", "yarn", "--rope-scale", "0"]);
+    assert!(
+        !ok && err.contains("--rope-scale must be a positive number"),
+        "{err}"
+    );
+    let (ok, _, err) = with(&["--rope-scaling", "longrope"]);
+    assert!(
+        !ok && err.contains("unknown RoPE scaling 'longrope'"),
+        "{err}"
+    );
+}

@@ -39,13 +39,22 @@ pub struct Args {
         default_value = "128"
     )]
     n_gen: Vec<usize>,
+    /// Depths, comma-separated: tokens already in the context when each test starts (filled untimed;
+    /// each test is run at each depth, as llama-bench's -d)
+    #[arg(
+        short = 'd',
+        long = "n-depth",
+        value_delimiter = ',',
+        default_value = "0"
+    )]
+    n_depth: Vec<usize>,
     /// Thread counts, comma-separated (default: all cores)
     #[arg(short = 't', long = "threads", value_delimiter = ',')]
     threads: Vec<usize>,
     /// Repetitions of each test
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
-    /// Context size (default: each test's own token count)
+    /// Context size (default: each test's own token count plus its depth)
     #[arg(short = 'c', long = "ctx-size")]
     ctx_size: Option<usize>,
     /// Skip the warm-up run before each test
@@ -61,13 +70,15 @@ pub struct Args {
     /// Seed of the random token ids
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     /// Also measure self-speculative decoding with N drafts per step (the model's MTP block): the
     /// cost of a verification pass and of drafting against a 1-token step, and tg with drafts
     #[arg(long = "draft", value_name = "N")]
     draft: Option<usize>,
+    #[command(flatten)]
+    rope: super::RopeArgs,
     #[command(flatten)]
     hub: super::pull::HubArgs,
 }
@@ -118,15 +129,22 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         },
     };
     let f = GgufFile::open(&path).with_context(|| format!("opening {}", path.display()))?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
-    let train = model.hp.n_ctx_train;
-    for t in &tests {
-        let c = a.ctx_size.unwrap_or(t.n_tokens());
-        if c > train {
-            bail!("context size {c} is longer than the model's training context ({train} tokens)");
-        }
-        if t.n_tokens() > c {
-            bail!("{} does not fit in the context size {c} (-c)", t.name());
+    let mut model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    a.rope.apply(&mut model)?;
+    model.hp.check_kv_type(a.kv_type)?;
+    let n_ctx = |kind: TestKind, depth: usize| a.ctx_size.unwrap_or(depth + kind.n_tokens());
+    for &d in &a.n_depth {
+        for &t in &tests {
+            let c = n_ctx(t, d);
+            model.hp.check_ctx(c)?;
+            if d + t.n_tokens() > c {
+                let at = if d > 0 {
+                    format!(" at depth {d}")
+                } else {
+                    String::new()
+                };
+                bail!("{}{at} does not fit in the context size {c} (-c)", t.name());
+            }
         }
     }
     let sizes = weight_sizes(&f, &model);
@@ -136,30 +154,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     for &nt in &threads {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(nt).build()?;
-        for &kind in &tests {
-            let n_ctx = a.ctx_size.unwrap_or(kind.n_tokens());
-            eprintln!(
-                "deltaq bench: {} threads {}, {} repetitions ...",
-                kind.name(),
-                nt,
-                a.reps
-            );
-            let test_time = utc_now();
-            let setup = TestSetup {
-                reps: a.reps,
-                n_ctx,
-                kv_type: a.kv_type,
-                warmup: !a.no_warmup,
-                seed: a.seed,
-            };
-            let r = pool.install(|| run_test(&model, kind, &setup))?;
-            rows.push(Row {
-                threads: nt,
-                r,
-                peak_rss: peak_rss(),
-                n_ctx,
-                test_time,
-            });
+        // llama-bench's order: depths within thread counts, pp tests before tg tests.
+        for &n_depth in &a.n_depth {
+            for &kind in &tests {
+                let n_ctx = n_ctx(kind, n_depth);
+                let depth = if n_depth > 0 {
+                    format!(" at depth {n_depth}")
+                } else {
+                    String::new()
+                };
+                eprintln!(
+                    "deltaq bench: {}{depth} threads {}, {} repetitions ...",
+                    kind.name(),
+                    nt,
+                    a.reps
+                );
+                let test_time = utc_now();
+                let setup = TestSetup {
+                    reps: a.reps,
+                    n_ctx,
+                    n_depth,
+                    kv_type: a.kv_type,
+                    warmup: !a.no_warmup,
+                    seed: a.seed,
+                };
+                let r = pool.install(|| run_test(&model, kind, &setup))?;
+                rows.push(Row {
+                    threads: nt,
+                    r,
+                    peak_rss: peak_rss(),
+                    n_ctx,
+                    test_time,
+                });
+            }
         }
     }
     let mut spec_lines = Vec::new();
@@ -171,6 +198,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             let setup = TestSetup {
                 reps: a.reps,
                 n_ctx: n,
+                n_depth: 0,
                 kv_type: a.kv_type,
                 warmup: !a.no_warmup,
                 seed: a.seed,
@@ -340,7 +368,7 @@ fn json_line(
         "n_gpu_layers": 0,
         "n_prompt": n_prompt,
         "n_gen": n_gen,
-        "n_depth": 0,
+        "n_depth": r.n_depth,
         "test_time": row.test_time,
         "avg_ns": r.avg_ns().round() as u64,
         "stddev_ns": r.stddev_ns().round() as u64,
@@ -349,7 +377,7 @@ fn json_line(
         "samples_ns": r.samples_ns,
         "samples_ts": r.samples_ts(),
         // deltaq's own fields
-        "test": r.kind.name(),
+        "test": r.name(),
         "median_ts": r.median_ts(),
         "isa": isa,
         "n_ctx": row.n_ctx,
@@ -403,7 +431,7 @@ fn print_table(
             params_label(sizes.n_params),
             isa.to_string(),
             row.threads.to_string(),
-            r.kind.name(),
+            r.name(),
             format!("{:.2} ± {:.2}", r.avg_ts(), r.stddev_ts()),
             format!("{:.2}", r.median_ts()),
             wbw.map_or("-".into(), |b| format!("{:.2}", b / 1e9)),
@@ -447,8 +475,11 @@ fn print_table(
         );
     }
     // State of the longest test: KV cache per token and the fixed recurrent state.
-    if let Some(row) = rows.iter().max_by_key(|r| r.r.kind.n_tokens()) {
-        let n = row.r.kind.n_tokens();
+    if let Some(row) = rows
+        .iter()
+        .max_by_key(|r| r.r.n_depth + r.r.kind.n_tokens())
+    {
+        let n = row.r.n_depth + row.r.kind.n_tokens();
         println!(
             "sequence state after {} tokens: KV cache ({kv}) {:.1} MiB ({} B/token as allocated), recurrent state {:.2} MiB",
             n,

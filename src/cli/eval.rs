@@ -34,11 +34,13 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     #[command(flatten)]
     images: super::ImageArgs,
+    #[command(flatten)]
+    rope: super::RopeArgs,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
@@ -49,7 +51,12 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .num_threads(a.threads.unwrap_or(0))
         .build()?;
     let f = GgufFile::open(&a.model)?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", a.model.display()))?;
+    let mut model = Model::load(&f).with_context(|| format!("loading {}", a.model.display()))?;
+    a.rope.apply(&mut model)?;
+    model.hp.check_kv_type(a.kv_type)?;
+    if let Some(c) = a.ctx_size {
+        model.hp.check_ctx(c)?;
+    }
     let n_vocab = model.n_vocab();
     let mmproj = a.images.open_mmproj()?;
     let prompt = match (&a.tokens, &a.chat) {

@@ -214,6 +214,60 @@ pub fn encode_image_files(
     Ok(out)
 }
 
+/// RoPE scaling over the file's settings, as llama.cpp's flags: contexts beyond the training context.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct RopeArgs {
+    /// RoPE frequency scaling: none, linear or yarn (default: the file's, else linear)
+    #[arg(long = "rope-scaling", value_name = "{none,linear,yarn}", value_parser = parse_rope_scaling)]
+    pub scaling: Option<deltaq::model::RopeScalingType>,
+    /// RoPE context scaling factor: the context stretches by N (default: the file's)
+    #[arg(long = "rope-scale", value_name = "N")]
+    pub scale: Option<f32>,
+    /// RoPE base frequency (default: the file's)
+    #[arg(long = "rope-freq-base", value_name = "N")]
+    pub freq_base: Option<f32>,
+    /// YaRN: the model's original context size (default: the file's, else its training context)
+    #[arg(long = "yarn-orig-ctx", value_name = "N")]
+    pub yarn_orig_ctx: Option<usize>,
+    /// YaRN: extrapolation mix factor (default: 1 with yarn, 0 = full interpolation)
+    #[arg(
+        long = "yarn-ext-factor",
+        value_name = "N",
+        allow_negative_numbers = true
+    )]
+    pub yarn_ext_factor: Option<f32>,
+    /// YaRN: low correction dim or beta (default: 32)
+    #[arg(long = "yarn-beta-fast", value_name = "N")]
+    pub yarn_beta_fast: Option<f32>,
+    /// YaRN: high correction dim or alpha (default: 1)
+    #[arg(long = "yarn-beta-slow", value_name = "N")]
+    pub yarn_beta_slow: Option<f32>,
+}
+
+fn parse_rope_scaling(s: &str) -> Result<deltaq::model::RopeScalingType, String> {
+    deltaq::model::RopeScalingType::from_name(s)
+        .ok_or_else(|| format!("unknown RoPE scaling '{s}' (one of: none, linear, yarn)"))
+}
+
+impl RopeArgs {
+    pub fn overrides(&self) -> deltaq::model::RopeOverrides {
+        deltaq::model::RopeOverrides {
+            scaling: self.scaling,
+            scale: self.scale,
+            freq_base: self.freq_base,
+            yarn_orig_ctx: self.yarn_orig_ctx,
+            yarn_ext_factor: self.yarn_ext_factor,
+            yarn_beta_fast: self.yarn_beta_fast,
+            yarn_beta_slow: self.yarn_beta_slow,
+        }
+    }
+
+    /// Sets `model`'s RoPE from these flags over its file's settings.
+    pub fn apply(&self, model: &mut deltaq::model::Model) -> anyhow::Result<()> {
+        model.hp.set_rope(&self.overrides())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;

@@ -68,9 +68,12 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
-    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
-    kv_type: KvType,
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
+    /// (several, comma-separated, with one model: the model runs with each, the first the KL base)
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_delimiter = ',', value_parser = super::parse_kv_type)]
+    kv_type: Vec<KvType>,
+    #[command(flatten)]
+    rope: super::RopeArgs,
 }
 
 fn parse_ftype(s: &str) -> Result<FileType, String> {
@@ -234,7 +237,23 @@ fn evaluate_files(
         },
         None => 0,
     };
-    let infos: Vec<FileInfo> = files.iter().map(|(p, f)| file_info(p, f)).collect();
+    let mut infos: Vec<FileInfo> = files.iter().map(|(p, f)| file_info(p, f)).collect();
+    // Several KV cache types: one model, run once per type.
+    let kv_types = a.kv_type.clone();
+    if kv_types.len() > 1 {
+        if files.len() != 1 {
+            bail!("several --kv-type values compare KV cache types of one model: give one -m file");
+        }
+        let info = infos.remove(0);
+        for t in &kv_types {
+            infos.push(FileInfo {
+                name: format!("{} (KV {t})", info.name),
+                ftype: format!("{} KV {t}", info.ftype),
+                path: info.path.clone(),
+                ..info
+            });
+        }
+    }
 
     let tokenizers: Vec<Tokenizer> = files
         .iter()
@@ -250,16 +269,29 @@ fn evaluate_files(
     }
     let models: Vec<Model> = files
         .iter()
-        .map(|(p, f)| Model::load(f).with_context(|| format!("loading {}", p.display())))
+        .map(|(p, f)| {
+            let mut m = Model::load(f).with_context(|| format!("loading {}", p.display()))?;
+            a.rope.apply(&mut m)?;
+            for &t in &kv_types {
+                m.hp.check_kv_type(t)?;
+            }
+            m.hp.check_ctx(a.ctx_size)
+                .with_context(|| format!("{}", p.display()))?;
+            Ok(m)
+        })
         .collect::<anyhow::Result<_>>()?;
-    let model_refs: Vec<&Model> = models.iter().collect();
+    let (model_refs, run_kv): (Vec<&Model>, Vec<KvType>) = if kv_types.len() > 1 {
+        kv_types.iter().map(|&t| (&models[0], t)).unzip()
+    } else {
+        models.iter().map(|m| (m, kv_types[0])).unzip()
+    };
 
     let tokens = ppl::tokenize(&tokenizers[base], text)?;
     let opts = Options {
         n_ctx: a.ctx_size,
         n_batch: a.batch_size.unwrap_or(a.ctx_size),
         max_chunks: a.chunks,
-        kv_type: a.kv_type,
+        kv_type: kv_types[0],
     };
     let plan = Plan::new(tokens.len(), &opts)
         .with_context(|| format!("{} is too short", a.text.display()))?;
@@ -277,7 +309,7 @@ fn evaluate_files(
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(a.threads.unwrap_or(0))
         .build()?;
-    let n_models = models.len();
+    let n_models = model_refs.len();
     let bar = indicatif::ProgressBar::new((plan.n_chunk * n_models) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -344,8 +376,17 @@ fn evaluate_files(
     } else {
         None
     };
-    let scores =
-        pool.install(|| ppl::evaluate(&model_refs, base, &tokens, &plan, &mut progress, save_ref))?;
+    let scores = pool.install(|| {
+        ppl::evaluate_kv(
+            &model_refs,
+            &run_kv,
+            base,
+            &tokens,
+            &plan,
+            &mut progress,
+            save_ref,
+        )
+    })?;
     bar.finish_and_clear();
     if n_models == 1 && bar.is_hidden() {
         eprintln!();

@@ -24,6 +24,14 @@ pub struct Args {
     /// Prompt; without it, an interactive chat starts
     #[arg(short = 'p', long)]
     prompt: Option<String>,
+    /// File holding the prompt (UTF-8; one trailing newline is dropped, as llama.cpp's -f)
+    #[arg(
+        short = 'f',
+        long = "file",
+        value_name = "FILE",
+        conflicts_with = "prompt"
+    )]
+    file: Option<PathBuf>,
     /// Continue the prompt as plain text instead of wrapping it in the chat template
     #[arg(long)]
     raw: bool,
@@ -36,7 +44,7 @@ pub struct Args {
     /// Threads (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     /// Temperature (0: greedy)
@@ -79,12 +87,17 @@ pub struct Args {
     #[command(flatten)]
     draft: super::DraftArgs,
     #[command(flatten)]
+    rope: super::RopeArgs,
+    #[command(flatten)]
     hub: super::pull::HubArgs,
     #[command(flatten)]
     images: super::ImageArgs,
 }
 
-pub fn run(a: Args) -> anyhow::Result<()> {
+pub fn run(mut a: Args) -> anyhow::Result<()> {
+    if let Some(file) = &a.file {
+        a.prompt = Some(read_prompt_file(file)?);
+    }
     if a.prompt.as_deref().is_some_and(|p| p.trim().is_empty()) {
         bail!(
             "the prompt is empty: give some text with -p, or leave -p out for an interactive chat"
@@ -101,14 +114,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .num_threads(a.threads.unwrap_or(0))
         .build()?;
     let f = GgufFile::open(&path)?;
-    let model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    let mut model = Model::load(&f).with_context(|| format!("loading {}", path.display()))?;
+    a.rope.apply(&mut model)?;
+    model.hp.check_kv_type(a.kv_type)?;
     let tok =
         Tokenizer::from_gguf(&f).with_context(|| format!("tokenizer of {}", path.display()))?;
     if let Some(c) = a.ctx_size {
-        let train = model.hp.n_ctx_train;
-        if c > train {
-            bail!("context size {c} is longer than the model's training context ({train} tokens)");
-        }
+        model.hp.check_ctx(c)?;
     }
     let params = sampling(&a);
     let max_new = (a.n_predict >= 0).then_some(a.n_predict as usize);
@@ -240,6 +252,23 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+/// The prompt in `path`, without one trailing newline (llama.cpp's `-f` drops it too).
+fn read_prompt_file(path: &std::path::Path) -> anyhow::Result<String> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("reading the prompt file {}", path.display()))?;
+    let mut text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "the prompt file {} is not UTF-8 text (invalid byte at offset {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if text.ends_with('\n') {
+        text.pop();
+    }
+    Ok(text)
 }
 
 fn demo_model() -> anyhow::Result<PathBuf> {

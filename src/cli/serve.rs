@@ -46,7 +46,7 @@ pub struct Args {
     /// Threads for the matrix kernels (default: all cores)
     #[arg(short = 't', long)]
     threads: Option<usize>,
-    /// KV cache element type for keys and values: f16 (half the memory, as llama.cpp) or f32 (exact)
+    /// KV cache type for keys and values: f16 (as llama.cpp), f32 (exact), q8_0 or q4_0 (blocks of 32)
     #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
     kv_type: KvType,
     /// Seconds a shutdown waits for open connections
@@ -54,6 +54,8 @@ pub struct Args {
     shutdown_timeout: u64,
     #[command(flatten)]
     draft: super::DraftArgs,
+    #[command(flatten)]
+    rope: super::RopeArgs,
     #[command(flatten)]
     hub: super::pull::HubArgs,
     /// Vision tower GGUF (mmproj) of the model: chat messages may then hold image_url parts
@@ -103,6 +105,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         model_id: a.alias,
         shutdown_timeout: Duration::from_secs(a.shutdown_timeout),
         draft: a.draft.settings(),
+        rope: a.rope.overrides(),
         mmproj_path: a.mmproj,
         image_min_tokens: a.image_min_tokens,
         image_max_tokens: a.image_max_tokens,

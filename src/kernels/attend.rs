@@ -47,9 +47,9 @@ impl<'a, T> KvPages<'a, T> {
         }
     }
 
-    /// Panics unless positions `0..n_ctx` with `hd` elements each are inside the pages: after this every
-    /// row the kernels index exists (they still index through checked slices).
-    fn check(&self, hd: usize, n_ctx: usize) {
+    /// Panics unless positions `0..n_ctx` with `hd` elements (or blocks) each are inside the pages:
+    /// after this every row the kernels index exists (they still index through checked slices).
+    pub(crate) fn check(&self, hd: usize, n_ctx: usize) {
         assert!(n_ctx > 0, "attention over an empty context");
         assert!(self.page_rows > 0, "attend: pages of zero positions");
         assert!(
@@ -74,11 +74,19 @@ impl<'a, T> KvPages<'a, T> {
     }
 }
 
-/// An element type the KV cache can be stored in.
-pub trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'static {
-    fn to_f32(self) -> f32;
-    /// Appends `src`, rounded to this type (round to nearest even for f16), to `dst`.
+/// What a KV cache can be stored as: a float element type, or a block format
+/// ([`super::attend_quant::KvBlock`]).
+pub trait KvStore: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// Values per stored unit (1 for an element type, the block size for a block format).
+    const PER: usize;
+    /// Appends `src` (a whole number of units), rounded to this type (round to nearest even for
+    /// f16, ggml's reference quantizer for blocks), to `dst`.
     fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]);
+}
+
+/// An element type the KV cache can be stored in.
+pub trait KvElem: KvStore + Default {
+    fn to_f32(self) -> f32;
     /// This type's entry in a kernel table.
     fn attend_entry(k: &Kernels) -> AttendFn<Self>;
 }
@@ -86,16 +94,30 @@ pub trait KvElem: Copy + Default + Send + Sync + std::fmt::Debug + 'static {
 /// A kernel table's attention entry for element type `T`: see [`attend`].
 pub type AttendFn<T> = fn(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]);
 
+impl KvStore for f32 {
+    const PER: usize = 1;
+    fn extend_from_f32(dst: &mut Vec<f32>, src: &[f32]) {
+        dst.extend_from_slice(src);
+    }
+}
+
 impl KvElem for f32 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         self
     }
-    fn extend_from_f32(dst: &mut Vec<f32>, src: &[f32]) {
-        dst.extend_from_slice(src);
-    }
     fn attend_entry(k: &Kernels) -> AttendFn<f32> {
         k.attend_f32
+    }
+}
+
+impl KvStore for f16 {
+    const PER: usize = 1;
+    fn extend_from_f32(dst: &mut Vec<f16>, src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let at = dst.len();
+        dst.resize(at + src.len(), f16::ZERO);
+        dst[at..].convert_from_f32_slice(src);
     }
 }
 
@@ -103,12 +125,6 @@ impl KvElem for f16 {
     #[inline(always)]
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
-    }
-    fn extend_from_f32(dst: &mut Vec<f16>, src: &[f32]) {
-        use half::slice::HalfFloatSliceExt;
-        let at = dst.len();
-        dst.resize(at + src.len(), f16::ZERO);
-        dst[at..].convert_from_f32_slice(src);
     }
     fn attend_entry(k: &Kernels) -> AttendFn<f16> {
         k.attend_f16
@@ -182,9 +198,24 @@ pub(crate) fn body<T: Copy>(
     scale: f32,
     out: &mut [f32],
     dot: impl Fn(&[f32], &[T]) -> f32,
-    axpy_rows: impl Fn(&mut [f32], &[f32], &[T], usize),
+    axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
 ) {
-    let hd = q.len();
+    body_units(q, kv, n_ctx, scale, out, q.len(), dot, axpy_rows)
+}
+
+/// [`body`] for a cache whose heads are `hd` units (elements or blocks) long.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn body_units<T: Copy>(
+    q: &[f32],
+    kv: KvPages<'_, T>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+    hd: usize,
+    dot: impl Fn(&[f32], &[T]) -> f32,
+    mut axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
+) {
     let (stride, off) = (kv.stride, kv.offset);
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0f64);

@@ -5,6 +5,7 @@
 #[cfg(target_arch = "aarch64")]
 mod arm;
 pub mod attend;
+pub mod attend_quant;
 mod dispatch;
 pub mod fgemm;
 pub mod fpenv;

@@ -1,5 +1,6 @@
 //! Gated full attention (spec §3.2): joint Q/gate projection, per-head Q/K RMSNorm, partial NEOX RoPE,
-//! causal GQA over the KV cache (F16 by default, as llama.cpp; F32 on request), sigmoid output gate.
+//! causal GQA over the KV cache (F16 by default, as llama.cpp; F32, Q8_0 or Q4_0 on request), sigmoid
+//! output gate.
 
 use half::f16;
 use rayon::prelude::*;
@@ -7,28 +8,36 @@ use rayon::prelude::*;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use super::{carve, for_rows};
-use crate::kernels::attend::{attend, KvElem, KvPages};
-use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, rope_cos_sin_by, sigmoid_mul};
+use crate::kernels::attend::{attend, KvElem, KvPages, KvStore};
+use crate::kernels::attend_quant::{attend_quant, KvBlock};
+use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
+use crate::quant::{BlockQ4_0, BlockQ8_0};
 
 /// Element type of the KV cache. F16 halves its memory (12 KiB instead of 24 KiB per token for
 /// 0.8B/2B); attention still computes in f32 (rows are widened exactly as they are read), so the only
-/// difference is the rounding of K and V when they are stored.
+/// difference is the rounding of K and V when they are stored. Q8_0 and Q4_0 store blocks of 32 values
+/// (34 and 18 bytes): keys are dotted with the query quantized to Q8_0, values dequantized as they are
+/// read (as llama.cpp's `-ctk`/`-ctv q8_0`, `q4_0`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvType {
     #[default]
     F16,
     F32,
+    Q8_0,
+    Q4_0,
 }
 
 impl KvType {
-    pub const ALL: [KvType; 2] = [KvType::F16, KvType::F32];
+    pub const ALL: [KvType; 4] = [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0];
 
-    /// `f16` / `f32` (llama.cpp's `--cache-type-k` names).
+    /// `f16` / `f32` / `q8_0` / `q4_0` (llama.cpp's `--cache-type-k` names).
     pub fn name(self) -> &'static str {
         match self {
             KvType::F16 => "f16",
             KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
         }
     }
 
@@ -38,11 +47,21 @@ impl KvType {
             .find(|t| t.name().eq_ignore_ascii_case(s))
     }
 
-    /// Bytes per stored element.
-    pub fn size(self) -> usize {
+    /// Values per stored unit: 1, or the block size; a row must hold a whole number of them.
+    pub fn block(self) -> usize {
         match self {
-            KvType::F16 => 2,
-            KvType::F32 => 4,
+            KvType::F16 | KvType::F32 => 1,
+            KvType::Q8_0 | KvType::Q4_0 => 32,
+        }
+    }
+
+    /// Bytes of a row of `n` values (`n` a multiple of [`KvType::block`]).
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F16 => 2 * n,
+            KvType::F32 => 4 * n,
+            KvType::Q8_0 => n / 32 * 34,
+            KvType::Q4_0 => n / 32 * 18,
         }
     }
 }
@@ -60,8 +79,8 @@ impl std::fmt::Display for KvType {
 /// its sums unchanged.
 pub const KV_PAGE: usize = 256;
 
-/// Keys (after norm + RoPE) and raw values of every past position, `[pos][Hkv·hd]` each, in pages of
-/// [`KV_PAGE`] positions.
+/// Keys (after norm + RoPE) and raw values of every past position, `[pos][Hkv·hd]` each (stored as
+/// `T`: elements, or blocks of `T::PER` values), in pages of [`KV_PAGE`] positions.
 #[derive(Clone, Debug)]
 pub struct KvPaged<T> {
     k: Vec<Vec<T>>,
@@ -70,11 +89,11 @@ pub struct KvPaged<T> {
     len: usize,
     /// Positions the cache may grow to.
     n_ctx: usize,
-    /// Elements per position (`Hkv·hd`).
+    /// Units of `T` per position (`Hkv·hd / T::PER`).
     row: usize,
 }
 
-impl<T: KvElem> KvPaged<T> {
+impl<T: KvStore> KvPaged<T> {
     fn new(n_ctx: usize, row: usize) -> KvPaged<T> {
         KvPaged {
             k: Vec::new(),
@@ -90,11 +109,11 @@ impl<T: KvElem> KvPaged<T> {
         KV_PAGE.min(self.n_ctx - p0)
     }
 
-    /// Appends the rows of `k` and `v` (`[T × row]` f32 each), rounded to `T`.
+    /// Appends the rows of `k` and `v` (`[T × Hkv·hd]` f32 each), rounded to `T`.
     fn push(&mut self, k: &[f32], v: &[f32]) {
-        let row = self.row;
-        let n = k.len() / row;
-        assert!(k.len() == n * row && v.len() == k.len(), "KV rows");
+        let (row, values) = (self.row, self.row * T::PER);
+        let n = k.len() / values;
+        assert!(k.len() == n * values && v.len() == k.len(), "KV rows");
         assert!(
             self.len + n <= self.n_ctx,
             "KV cache full: {} + {n} positions > {}",
@@ -112,7 +131,7 @@ impl<T: KvElem> KvPaged<T> {
                 self.v.push(Vec::with_capacity(page_rows * row));
             }
             let take = (page_rows - at).min(n - done);
-            let src = done * row..(done + take) * row;
+            let src = done * values..(done + take) * values;
             for (page, src) in [
                 (self.k.get_mut(ip), &k[src.clone()]),
                 (self.v.get_mut(ip), &v[src]),
@@ -162,7 +181,7 @@ impl<T: KvElem> KvPaged<T> {
         cap * std::mem::size_of::<T>()
     }
 
-    /// The view of KV head `m` (of `hd` elements) for the attention kernel.
+    /// The view of KV head `m` (of `hd` units) for the attention kernel.
     fn head(&self, m: usize, hd: usize) -> KvPages<'_, T> {
         KvPages {
             k: &self.k,
@@ -179,14 +198,36 @@ impl<T: KvElem> KvPaged<T> {
 pub enum KvCache {
     F16(KvPaged<f16>),
     F32(KvPaged<f32>),
+    Q8_0(KvPaged<BlockQ8_0>),
+    Q4_0(KvPaged<BlockQ4_0>),
+}
+
+/// `$body` with `$c` bound to the cache of whichever type `$cache` holds.
+macro_rules! each_kv {
+    ($cache:expr, $c:ident => $body:expr) => {
+        match $cache {
+            KvCache::F16($c) => $body,
+            KvCache::F32($c) => $body,
+            KvCache::Q8_0($c) => $body,
+            KvCache::Q4_0($c) => $body,
+        }
+    };
 }
 
 impl KvCache {
-    /// An empty cache of up to `n_ctx` positions of `row` elements.
+    /// An empty cache of up to `n_ctx` positions of `row` values. Panics unless `row` is a multiple of
+    /// the type's block ([`KvType::block`]; [`super::HParams::check_kv_type`] says so as an error).
     pub fn new(ty: KvType, n_ctx: usize, row: usize) -> KvCache {
+        assert!(
+            row.is_multiple_of(ty.block()),
+            "KV rows of {row} values are not whole {ty} blocks"
+        );
+        let units = row / ty.block();
         match ty {
-            KvType::F16 => KvCache::F16(KvPaged::new(n_ctx, row)),
-            KvType::F32 => KvCache::F32(KvPaged::new(n_ctx, row)),
+            KvType::F16 => KvCache::F16(KvPaged::new(n_ctx, units)),
+            KvType::F32 => KvCache::F32(KvPaged::new(n_ctx, units)),
+            KvType::Q8_0 => KvCache::Q8_0(KvPaged::new(n_ctx, units)),
+            KvType::Q4_0 => KvCache::Q4_0(KvPaged::new(n_ctx, units)),
         }
     }
 
@@ -194,15 +235,14 @@ impl KvCache {
         match self {
             KvCache::F16(_) => KvType::F16,
             KvCache::F32(_) => KvType::F32,
+            KvCache::Q8_0(_) => KvType::Q8_0,
+            KvCache::Q4_0(_) => KvType::Q4_0,
         }
     }
 
     /// Positions stored.
     pub fn len(&self) -> usize {
-        match self {
-            KvCache::F16(c) => c.len,
-            KvCache::F32(c) => c.len,
-        }
+        each_kv!(self, c => c.len)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -211,41 +251,26 @@ impl KvCache {
 
     /// Positions the cache may grow to.
     pub fn n_ctx(&self) -> usize {
-        match self {
-            KvCache::F16(c) => c.n_ctx,
-            KvCache::F32(c) => c.n_ctx,
-        }
+        each_kv!(self, c => c.n_ctx)
     }
 
     /// Bytes allocated for keys and values.
     pub fn bytes(&self) -> usize {
-        match self {
-            KvCache::F16(c) => c.bytes(),
-            KvCache::F32(c) => c.bytes(),
-        }
+        each_kv!(self, c => c.bytes())
     }
 
     fn push(&mut self, k: &[f32], v: &[f32]) {
-        match self {
-            KvCache::F16(c) => c.push(k, v),
-            KvCache::F32(c) => c.push(k, v),
-        }
+        each_kv!(self, c => c.push(k, v))
     }
 
     /// Keeps the first `len` positions.
     pub(crate) fn truncate(&mut self, len: usize) {
-        match self {
-            KvCache::F16(c) => c.truncate(len),
-            KvCache::F32(c) => c.truncate(len),
-        }
+        each_kv!(self, c => c.truncate(len))
     }
 
     /// Empties the cache, keeping its pages allocated.
     pub(crate) fn clear(&mut self) {
-        match self {
-            KvCache::F16(c) => c.clear(),
-            KvCache::F32(c) => c.clear(),
-        }
+        each_kv!(self, c => c.clear())
     }
 }
 
@@ -270,10 +295,10 @@ impl RopePos<'_> {
     /// Cosines and sines of row `r`'s angles (`[n_rot/2]` each).
     fn cos_sin(self, r: usize, hp: &HParams) -> (Vec<f32>, Vec<f32>) {
         match self {
-            RopePos::Text(p0) => rope_cos_sin(p0 + r, hp.n_rot, hp.rope_base),
+            RopePos::Text(p0) => hp.rope.cos_sin(p0 + r),
             RopePos::Mrope(pos) => {
                 let p = pos[r];
-                rope_cos_sin_by(|i| p[hp.rope_axis(i)] as usize, hp.n_rot, hp.rope_base)
+                hp.rope.cos_sin_by(|i| p[hp.rope_axis(i)] as usize)
             }
         }
     }
@@ -334,6 +359,8 @@ pub fn forward(
     match cache {
         KvCache::F16(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),
         KvCache::F32(c) => attend_all(c, qg, nh, nkv, hd, pos0, o),
+        KvCache::Q8_0(c) => attend_all_blocks(c, qg, nh, nkv, hd, pos0, o),
+        KvCache::Q4_0(c) => attend_all_blocks(c, qg, nh, nkv, hd, pos0, o),
     }
     for_rows(o, nh * hd, |t, o| {
         for (j, o) in o.chunks_exact_mut(hd).enumerate() {
@@ -364,9 +391,30 @@ fn attend_all<T: KvElem>(
     });
 }
 
+/// [`attend_all`] over a cache of blocks: the query quantized to Q8_0 for the key dot products, the
+/// value rows dequantized as they are read ([`attend_quant`]).
+fn attend_all_blocks<B: KvBlock>(
+    c: &KvPaged<B>,
+    qg: &[f32],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    pos0: usize,
+    o: &mut [f32],
+) {
+    let group = nh / nkv;
+    let scale = 1.0 / (hd as f32).sqrt();
+    o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
+        let (t, j) = (idx / nh, idx % nh);
+        let q = &qg[idx * 2 * hd..][..hd];
+        attend_quant(q, c.head(j / group, hd / B::BLOCK), pos0 + t + 1, scale, o);
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytemuck::Zeroable;
 
     #[test]
     fn rope_matches_formula() {
@@ -401,6 +449,8 @@ mod tests {
             rms_eps: 1e-6,
             n_rot,
             rope_base: 1e7,
+            rope_scaling: Default::default(),
+            rope: super::super::Rope::plain(n_rot, 1e7, 64),
             rope_sections: sections,
             conv_kernel: 4,
             n_k_heads: 1,
@@ -445,7 +495,7 @@ mod tests {
     #[test]
     fn kv_pages_grow_to_n_ctx_exactly() {
         let row = 4;
-        for ty in KvType::ALL {
+        for ty in [KvType::F16, KvType::F32] {
             for n_ctx in [1, 7, KV_PAGE, KV_PAGE + 1, 3 * KV_PAGE - 5] {
                 for batch in [1, 3, KV_PAGE - 1, KV_PAGE + 2, 1000] {
                     let mut c = KvCache::new(ty, n_ctx, row);
@@ -456,17 +506,18 @@ mod tests {
                         c.push(&k, &v);
                         pos += n;
                         assert_eq!(c.len(), pos);
-                        let cap_rows = c.bytes() / (2 * row * ty.size());
+                        let cap_rows = c.bytes() / (2 * ty.row_bytes(row));
                         assert!(cap_rows <= n_ctx, "{ty} n_ctx={n_ctx} batch={batch}");
                         assert!(cap_rows < pos + KV_PAGE, "{ty}: at most one page ahead");
                     }
                     // Full: exactly n_ctx positions allocated.
-                    assert_eq!(c.bytes(), 2 * n_ctx * row * ty.size());
+                    assert_eq!(c.bytes(), 2 * n_ctx * ty.row_bytes(row));
                     // Element e of position p in a batch starting at position b is
                     // b + ((p − b)·row + e)·0.25: position 1, element 1 below.
                     let (page0, pages): (Vec<f32>, usize) = match &c {
                         KvCache::F16(p) => (p.k[0].iter().map(|x| x.to_f32()).collect(), p.k.len()),
                         KvCache::F32(p) => (p.k[0].clone(), p.k.len()),
+                        _ => unreachable!("float types only"),
                     };
                     if n_ctx > 1 {
                         let k0: f32 = page0[row + 1];
@@ -480,6 +531,52 @@ mod tests {
                     assert_eq!(pages, n_ctx.div_ceil(KV_PAGE));
                 }
             }
+        }
+    }
+
+    /// Q8_0 and Q4_0 caches hold ggml's blocks of each row (34 and 18 bytes per 32 values), grow page
+    /// by page to exactly `n_ctx` positions, and truncate to whole positions.
+    #[test]
+    fn block_caches_store_quantized_rows() {
+        use crate::quant::BlockFormat;
+        let (row, n_ctx) = (64, KV_PAGE + 9);
+        for ty in [KvType::Q8_0, KvType::Q4_0] {
+            let mut c = KvCache::new(ty, n_ctx, row);
+            let k: Vec<f32> = (0..n_ctx * row)
+                .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+                .collect();
+            c.push(&k[..3 * row], &k[..3 * row]);
+            c.push(&k[3 * row..], &k[3 * row..]);
+            assert_eq!(c.len(), n_ctx);
+            assert_eq!(c.bytes(), 2 * n_ctx * ty.row_bytes(row), "{ty}");
+            let check = |c: &KvCache, pos: usize| {
+                let r = &k[pos * row..][..row];
+                let got = match c {
+                    KvCache::Q8_0(p) => {
+                        let mut want = vec![BlockQ8_0::zeroed(); 2];
+                        BlockQ8_0::quantize(r, &mut want);
+                        bytemuck::cast_slice::<_, u8>(
+                            &p.k[pos / KV_PAGE][(pos % KV_PAGE) * 2..][..2],
+                        ) == bytemuck::cast_slice::<_, u8>(&want)
+                    }
+                    KvCache::Q4_0(p) => {
+                        let mut want = vec![BlockQ4_0::zeroed(); 2];
+                        BlockQ4_0::quantize(r, &mut want);
+                        bytemuck::cast_slice::<_, u8>(
+                            &p.v[pos / KV_PAGE][(pos % KV_PAGE) * 2..][..2],
+                        ) == bytemuck::cast_slice::<_, u8>(&want)
+                    }
+                    _ => unreachable!(),
+                };
+                assert!(got, "{ty}: position {pos}");
+            };
+            for pos in [0, 2, 3, KV_PAGE - 1, KV_PAGE, n_ctx - 1] {
+                check(&c, pos);
+            }
+            c.truncate(KV_PAGE + 1);
+            assert_eq!(c.len(), KV_PAGE + 1);
+            c.push(&k[(KV_PAGE + 1) * row..], &k[(KV_PAGE + 1) * row..]);
+            check(&c, n_ctx - 1);
         }
     }
 

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 
+use super::rope::{mrope_axis, Rope, RopeOverrides, RopeScaling, RopeScalingType};
 use crate::gguf::GgufFile;
 
 pub const ARCH: &str = "qwen35";
@@ -35,6 +36,10 @@ pub struct HParams {
     /// Rotary dims per head (partial NEOX RoPE).
     pub n_rot: usize,
     pub rope_base: f32,
+    /// The file's RoPE scaling (`rope.scaling.*`).
+    pub rope_scaling: RopeScaling,
+    /// The RoPE the model runs with: the file's, or as [`HParams::set_rope`] overrides it.
+    pub rope: Rope,
     /// M-RoPE sections `[t, h, w, e]` in rotary pairs (`rope.dimension_sections`, interleaved as
     /// llama.cpp's IMROPE, spec §3.6); `None` for a file without the key, which then takes text only.
     pub rope_sections: Option<[usize; 4]>,
@@ -169,6 +174,8 @@ impl HParams {
             Some(_) => f.get_f32(&key("rope.freq_base"))?,
         };
 
+        let rope_scaling = rope_scaling(f)?;
+
         let rope_sections = match f.get(&key("rope.dimension_sections")) {
             None => None,
             Some(v) => {
@@ -189,19 +196,31 @@ impl HParams {
             }
         };
 
+        let n_ctx_train = req("context_length")?;
+        let n_rot = req("rope.dimension_count")?;
+        let rope = Rope::resolve(
+            n_rot,
+            rope_base,
+            n_ctx_train,
+            &rope_scaling,
+            &RopeOverrides::default(),
+        )
+        .context("RoPE settings of the file")?;
         let hp = HParams {
             n_embd: req("embedding_length")?,
             n_layer,
             n_layer_all,
-            n_ctx_train: req("context_length")?,
+            n_ctx_train,
             kinds,
             n_ff: per_layer("feed_forward_length", None)?,
             n_head,
             n_head_kv,
             head_dim,
             rms_eps: f.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            n_rot: req("rope.dimension_count")?,
+            n_rot,
             rope_base,
+            rope_scaling,
+            rope,
             rope_sections,
             conv_kernel: req("ssm.conv_kernel")?,
             n_k_heads: req("ssm.group_count")?,
@@ -281,15 +300,94 @@ impl HParams {
     /// (transformers' `apply_interleaved_mrope`; equal to llama.cpp's rule once
     /// [`check_mrope`](Self::check_mrope) holds).
     pub fn rope_axis(&self, i: usize) -> usize {
-        match self.rope_sections {
-            Some(s) if i % 3 == 1 && i < 3 * s[1] => 1,
-            Some(s) if i % 3 == 2 && i < 3 * s[2] => 2,
-            _ => 0,
+        mrope_axis(self.rope_sections, i)
+    }
+
+    /// Applies llama.cpp's RoPE flags over the file's settings.
+    pub fn set_rope(&mut self, o: &RopeOverrides) -> Result<()> {
+        self.rope = Rope::resolve(
+            self.n_rot,
+            self.rope_base,
+            self.n_ctx_train,
+            &self.rope_scaling,
+            o,
+        )?;
+        Ok(())
+    }
+
+    /// An error unless the KV cache can be stored as `ty`: block types need head dims that are whole
+    /// blocks.
+    pub fn check_kv_type(&self, ty: super::KvType) -> Result<()> {
+        ensure!(
+            self.head_dim.is_multiple_of(ty.block()),
+            "a {ty} KV cache stores blocks of {} values, but the model's attention head dim is {}",
+            ty.block(),
+            self.head_dim
+        );
+        Ok(())
+    }
+
+    /// The longest context the model runs: the training context, longer only with RoPE scaling.
+    pub fn max_ctx(&self) -> usize {
+        self.rope.max_ctx(self.n_ctx_train)
+    }
+
+    /// An error unless a context of `n_ctx` tokens is within [`HParams::max_ctx`].
+    pub fn check_ctx(&self, n_ctx: usize) -> Result<()> {
+        let max = self.max_ctx();
+        if n_ctx <= max {
+            return Ok(());
         }
+        let train = self.n_ctx_train;
+        if max > train {
+            bail!(
+                "context size {n_ctx} is longer than the model's training context ({train} tokens) \
+                 stretched by the RoPE scaling ({max} tokens)"
+            );
+        }
+        bail!(
+            "context size {n_ctx} is longer than the model's training context ({train} tokens); a \
+             longer context needs RoPE scaling, e.g. --rope-scaling yarn --rope-scale {}",
+            n_ctx.div_ceil(train)
+        );
     }
 
     /// DeltaNet conv channels: q and k (`Hk·dk` each) then v (`Hv·dv`).
     pub fn conv_channels(&self) -> usize {
         2 * self.n_k_heads * self.d_k + self.n_v_heads * self.d_v
     }
+}
+
+/// The file's `{ARCH}.rope.scaling.*` keys, as llama.cpp reads them (the factor also under the old
+/// `rope.scale_linear`).
+fn rope_scaling(f: &GgufFile) -> Result<RopeScaling> {
+    let key = |k: &str| format!("{ARCH}.rope.{k}");
+    let f32_key = |k: &str| -> Result<Option<f32>> {
+        let name = key(k);
+        match f.get(&name) {
+            None => Ok(None),
+            Some(_) => Ok(Some(f.get_f32(&name)?)),
+        }
+    };
+    let mut s = RopeScaling::default();
+    let type_key = key("scaling.type");
+    if f.get(&type_key).is_some() {
+        let name = f.get_str(&type_key)?;
+        s.kind = RopeScalingType::from_name(name).with_context(|| {
+            format!(
+                "unsupported RoPE scaling '{name}' ({type_key}): deltaq runs none, linear and yarn"
+            )
+        })?;
+    }
+    if let Some(v) = f32_key("scaling.factor")?.or(f32_key("scale_linear")?) {
+        s.factor = v;
+    }
+    if let Some(v) = f32_key("scaling.attn_factor")? {
+        s.attn_factor = v;
+    }
+    let orig = key("scaling.original_context_length");
+    if f.get(&orig).is_some() {
+        s.orig_ctx = f.get_u64(&orig)? as usize;
+    }
+    Ok(s)
 }

@@ -17,6 +17,7 @@ pub mod ffn;
 pub mod hparams;
 pub mod mtp;
 pub mod prompt;
+pub mod rope;
 pub mod weights;
 
 use anyhow::{bail, ensure, Result};
@@ -28,6 +29,7 @@ pub use deltanet::DeltaMode;
 pub use hparams::{HParams, LayerKind};
 pub use mtp::{DraftSettings, DraftStats, Drafter};
 pub use prompt::{ImageEmbd, Prompt, Segment};
+pub use rope::{Rope, RopeOverrides, RopeScalingType};
 pub use weights::Weights;
 
 use crate::gguf::GgufFile;

@@ -25,7 +25,7 @@ use axum::Router;
 
 use crate::chat::ChatTemplate;
 use crate::gguf::GgufFile;
-use crate::model::{DraftSettings, KvType, Model};
+use crate::model::{DraftSettings, KvType, Model, RopeOverrides};
 use crate::tokenizer::Tokenizer;
 use crate::vision::encoder::ImageEncoder;
 use engine::Engine;
@@ -58,6 +58,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Drafting with the model's MTP block (`--draft` and friends).
     pub draft: DraftSettings,
+    /// RoPE scaling flags over the file's settings (`--rope-scaling` and friends).
+    pub rope: RopeOverrides,
     /// The vision tower GGUF for image input, and the image token limits (default: the file's).
     pub mmproj_path: Option<PathBuf>,
     pub image_min_tokens: Option<usize>,
@@ -90,8 +92,10 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
     // The server lives as long as the process: the mapping, weights and tokenizer are leaked so that
     // sessions and snapshots can be moved between threads without lifetimes.
     let file: &'static GgufFile = Box::leak(Box::new(file));
-    let model =
+    let mut model =
         Model::load(file).with_context(|| format!("loading {}", cfg.model_path.display()))?;
+    model.hp.set_rope(&cfg.rope)?;
+    model.hp.check_kv_type(cfg.kv_type)?;
     let model: &'static Model<'static> = Box::leak(Box::new(model));
     let tok = Tokenizer::from_gguf(file)
         .with_context(|| format!("tokenizer of {}", cfg.model_path.display()))?;
@@ -126,11 +130,8 @@ pub fn serve(cfg: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let train = model.hp.n_ctx_train;
-    let n_ctx = cfg.n_ctx.unwrap_or(train);
-    if n_ctx > train {
-        bail!("context size {n_ctx} is longer than the model's training context ({train} tokens)");
-    }
+    let n_ctx = cfg.n_ctx.unwrap_or(model.hp.n_ctx_train);
+    model.hp.check_ctx(n_ctx)?;
     if n_ctx == 0 {
         bail!("the context size must be at least 1");
     }

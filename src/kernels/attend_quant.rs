@@ -1,0 +1,98 @@
+//! Attention over a KV cache of Q8_0 or Q4_0 blocks (llama.cpp's `-ctk q8_0` / `-ctv q4_0`), read in
+//! place as ggml's CPU flash attention reads it: the query is quantized to Q8_0 once per call, each key
+//! row is dotted with it by the kernel table's `quant_rows` (the SIMD dot products of the weight
+//! matrices, held to the scalar reference by their own tests), and each value row is dequantized into
+//! a head-sized buffer as it is read and added with its softmax weight. No widened copy of the cache is
+//! made. The streaming softmax is [`attend`](super::attend)'s.
+
+use bytemuck::Zeroable;
+
+use super::attend::{body_units, KvPages, KvStore};
+use super::dispatch::Kernels;
+use crate::quant::{BlockFormat, BlockQ4_0, BlockQ8_0, GgmlType};
+
+/// A block format a KV cache can be stored in: dotted with a Q8_0 query.
+pub trait KvBlock: KvStore + BlockFormat<VecDot = BlockQ8_0> {}
+
+impl KvBlock for BlockQ8_0 {}
+impl KvBlock for BlockQ4_0 {}
+
+impl KvStore for BlockQ8_0 {
+    const PER: usize = 32;
+    fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]) {
+        extend_blocks(dst, src)
+    }
+}
+
+impl KvStore for BlockQ4_0 {
+    const PER: usize = 32;
+    fn extend_from_f32(dst: &mut Vec<Self>, src: &[f32]) {
+        extend_blocks(dst, src)
+    }
+}
+
+/// Appends `src` quantized (ggml's reference quantizer) to `dst`.
+fn extend_blocks<B: BlockFormat>(dst: &mut Vec<B>, src: &[f32]) {
+    assert!(
+        src.len().is_multiple_of(B::BLOCK),
+        "KV rows are not whole blocks"
+    );
+    let at = dst.len();
+    dst.resize(at + src.len() / B::BLOCK, B::zeroed());
+    B::quantize(src, &mut dst[at..]);
+}
+
+/// `out = Σ_τ softmax_τ(scale · q·k_τ) v_τ` over `τ < n_ctx` for a cache of blocks `B` (`kv`'s stride
+/// and offset in blocks; `q.len()` a multiple of 32), through the kernel table chosen for this CPU.
+pub fn attend_quant<B: KvBlock>(
+    q: &[f32],
+    kv: KvPages<'_, B>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let _ftz = super::fpenv::FlushDenormals::new();
+    attend_quant_with(super::kernels(), q, kv, n_ctx, scale, out)
+}
+
+/// [`attend_quant`] with the dot products and the query's quantization of table `k` (the scalar
+/// table's is the reference of every other).
+pub fn attend_quant_with<B: KvBlock>(
+    k: &Kernels,
+    q: &[f32],
+    kv: KvPages<'_, B>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    assert!(
+        hd.is_multiple_of(B::BLOCK) && out.len() == hd,
+        "attend_quant: head of {hd} elements"
+    );
+    let nb = hd / B::BLOCK;
+    kv.check(nb, n_ctx);
+    let mut qq = vec![BlockQ8_0::zeroed(); nb];
+    (k.quantize_act)(GgmlType::Q8_0, q, bytemuck::cast_slice_mut(&mut qq));
+    let qq: &[u8] = bytemuck::cast_slice(&qq);
+    let mut row = vec![0f32; hd];
+    body_units(
+        q,
+        kv,
+        n_ctx,
+        scale,
+        out,
+        nb,
+        |_, key: &[B]| {
+            let mut s = [0f32];
+            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(key), qq, 1, &mut s);
+            s[0]
+        },
+        |y: &mut [f32], w: &[f32], v: &[B], stride: usize| {
+            for (i, &w) in w.iter().enumerate() {
+                B::dequantize(&v[i * stride..][..nb], &mut row);
+                super::ops::axpy(y, w, &row);
+            }
+        },
+    )
+}
