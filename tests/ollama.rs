@@ -569,3 +569,23 @@ fn disconnect_cancels() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// With --api-key the Ollama endpoints want it too (as a bearer token, which Ollama clients send
+/// through their headers option).
+#[test]
+fn api_key() {
+    let s = Server::start(&["-c", "512", "--api-key", "sesame"]);
+    for path in ["/api/tags", "/api/ps"] {
+        let r = s.get(path);
+        assert_eq!(r.status, 401, "{path}");
+        assert_ollama_error(&r, path);
+        assert_eq!(s.get_with_key(path, "sesamE").status, 401);
+        assert_eq!(s.get_with_key(path, "sesame").status, 200);
+    }
+    let r = s.post(
+        "/api/chat",
+        &json!({"model": MODEL_ID, "messages": msgs("x"), "stream": false}),
+    );
+    assert_eq!(r.status, 401);
+    assert_ollama_error(&r, "chat without the key");
+}

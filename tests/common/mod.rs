@@ -118,6 +118,17 @@ impl Server {
         )
     }
 
+    /// A GET with `Authorization: Bearer KEY`.
+    pub fn get_with_key(&self, path: &str, key: &str) -> Reply {
+        Self::reply(
+            self.agent
+                .get(&format!("{}{path}", self.base))
+                .header("Authorization", &format!("Bearer {key}"))
+                .call()
+                .unwrap(),
+        )
+    }
+
     pub fn post(&self, path: &str, body: &Value) -> Reply {
         self.post_text(path, &body.to_string())
     }
