@@ -830,6 +830,38 @@ fn structured_outputs() {
         "{text:?}"
     );
 
+    // A strict tool, calls required: the arguments follow the function's schema.
+    let tool = json!({"type": "function", "function": {"name": "find_verse", "strict": true,
+        "parameters": {"type": "object", "properties": {
+            "book": {"enum": ["Genesis", "Exodus"]},
+            "verse": {"type": "integer", "minimum": 1, "maximum": 30}},
+            "required": ["book", "verse"], "additionalProperties": false}}});
+    let (st, r) = s.post(
+        "/v1/chat/completions",
+        &chat(
+            "Find it.",
+            json!({"tools": [tool], "tool_choice": "required", "max_tokens": 300, "seed": 3,
+                   "enable_thinking": false}),
+        ),
+    );
+    assert_eq!(st, 200, "{r}");
+    assert_eq!(r["choices"][0]["finish_reason"], "tool_calls", "{r}");
+    let calls = r["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{r}");
+    for c in calls {
+        assert_eq!(c["function"]["name"], "find_verse", "{r}");
+        let args: Value =
+            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        assert!(
+            ["Genesis", "Exodus"].contains(&args["book"].as_str().unwrap()),
+            "{args}"
+        );
+        assert!(
+            (1..=30).contains(&args["verse"].as_i64().unwrap()),
+            "{args}"
+        );
+    }
+
     // Refusals name the field and the reason.
     let bad = [
         (

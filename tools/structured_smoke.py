@@ -7,7 +7,8 @@
 Twenty `response_format: json_schema` requests (nested objects, arrays, enums, numbers with ranges,
 required fields), each answer parsed and validated against its schema with `jsonschema`; GBNF
 grammars through `extra_body={"grammar": ...}`, each answer checked with an equivalent regular
-expression; a `json_object` request; llama.cpp's `json_schema` field on /v1/completions; and the 400s
+expression; a `json_object` request; llama.cpp's `json_schema` field on /v1/completions; a strict tool
+(`tool_choice: "required"`) whose call arguments are validated against its parameters; and the 400s
 for an unsupported schema and a broken grammar. The demo model never saw JSON: whatever it writes
 is the constraint's doing. Exits non-zero on the first failed check.
 """
@@ -164,6 +165,18 @@ def main():
     doc = json.loads(r.choices[0].text)
     jsonschema.validate(doc, schema)
     check(r.choices[0].finish_reason == "stop", f"completions with json_schema: {doc}")
+
+    params = SCHEMAS[8]
+    r = client.chat.completions.create(
+        model=model, max_tokens=a.max_tokens, seed=1, messages=[{"role": "user", "content": "Find the verse."}],
+        tools=[{"type": "function", "function": {"name": "find_verse", "strict": True, "parameters": params}}],
+        tool_choice="required", extra_body=NO_THINK)
+    calls = r.choices[0].message.tool_calls or []
+    check(r.choices[0].finish_reason == "tool_calls" and len(calls) > 0, f"strict tool: {len(calls)} call(s)")
+    for c in calls:
+        args = json.loads(c.function.arguments)
+        jsonschema.validate(args, params)
+        check(c.function.name == "find_verse", f"strict tool call arguments valid: {args}")
 
     try:
         chat(client, model, "x", 8, response_format={"type": "json_schema", "json_schema": {
