@@ -8,6 +8,7 @@ use std::time::Instant;
 use anyhow::Result;
 
 use crate::chat::{ChatMessage, ChatOptions, ChatTemplate};
+use crate::constraint::Guide;
 use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
 use crate::model::{DraftStats, Drafter, ImageEmbd, KvType, Model, Prompt, Session};
 use crate::sampling::Sampler;
@@ -61,6 +62,7 @@ pub fn generate(
     prompt: &[u32],
     max_new: Option<usize>,
     special: bool,
+    guide: Option<&mut Guide>,
     interrupt: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Stats> {
@@ -72,6 +74,7 @@ pub fn generate(
         Input::Tokens(prompt),
         max_new,
         special,
+        guide,
         interrupt,
         on_text,
     )
@@ -89,6 +92,7 @@ pub fn generate_prompt(
     start: usize,
     max_new: Option<usize>,
     special: bool,
+    guide: Option<&mut Guide>,
     interrupt: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Stats> {
@@ -100,6 +104,7 @@ pub fn generate_prompt(
         Input::Prompt(prompt, start),
         max_new,
         special,
+        guide,
         interrupt,
         on_text,
     )
@@ -121,6 +126,7 @@ fn generate_from(
     input: Input<'_>,
     max_new: Option<usize>,
     special: bool,
+    mut guide: Option<&mut Guide>,
     interrupt: &AtomicBool,
     on_text: &mut dyn FnMut(&str),
 ) -> Result<Stats> {
@@ -142,6 +148,8 @@ fn generate_from(
     let t1 = Instant::now();
     let mut decoder = tok.stream_decoder(special);
     let mut n = 0;
+    // The constrained copy of the logits (the session's stay as they are).
+    let mut masked: Vec<f32> = Vec::new();
     let stop = loop {
         if interrupt.load(Ordering::Relaxed) {
             break Stop::Interrupted;
@@ -149,7 +157,18 @@ fn generate_from(
         if max_new.is_some_and(|m| n >= m) {
             break Stop::Length;
         }
-        let id = sampler.sample(logits);
+        let id = match guide.as_deref_mut() {
+            None => sampler.sample(logits),
+            Some(g) if g.is_complete() => break Stop::EndOfText,
+            Some(g) => {
+                masked.clear();
+                masked.extend_from_slice(logits);
+                g.mask_logits(&mut masked)?;
+                let id = sampler.sample(&masked);
+                g.advance(id)?;
+                id
+            }
+        };
         if tok.is_eog(id) {
             break Stop::EndOfText;
         }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use deltaq::chat::{ChatMessage, ChatTemplate, Part, ThinkStream};
+use deltaq::constraint::{Compiler, Guide, OutputConstraint};
 use deltaq::generate::{generate, generate_prompt, Chat, Stats, Stop};
 use deltaq::gguf::GgufFile;
 use deltaq::model::prompt::image_chat_prompt;
@@ -84,6 +85,15 @@ pub struct Args {
     /// System message for chat
     #[arg(long)]
     system: Option<String>,
+    /// Constrain the answer to a GBNF grammar (llama.cpp's syntax)
+    #[arg(long, value_name = "GBNF", conflicts_with_all = ["grammar_file", "json_schema"])]
+    grammar: Option<String>,
+    /// Constrain the answer to the GBNF grammar in FILE
+    #[arg(long, value_name = "FILE", conflicts_with = "json_schema")]
+    grammar_file: Option<PathBuf>,
+    /// Constrain the answer to a JSON schema: the schema's text, or @FILE
+    #[arg(short = 'j', long, value_name = "SCHEMA")]
+    json_schema: Option<String>,
     #[command(flatten)]
     draft: super::DraftArgs,
     #[command(flatten)]
@@ -122,6 +132,8 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     if let Some(c) = a.ctx_size {
         model.hp.check_ctx(c)?;
     }
+    let constraint = RunConstraint::from_args(&a, &tok, model.n_vocab())?;
+    let constraint = constraint.as_ref();
     let params = sampling(&a);
     let max_new = (a.n_predict >= 0).then_some(a.n_predict as usize);
     let interrupt = Arc::new(AtomicBool::new(false));
@@ -178,6 +190,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 Feed::Prompt(&prompt, 0),
                 max_new,
                 false,
+                constraint,
                 &interrupt,
             )?;
             report(&stats, false);
@@ -198,6 +211,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 let mut dr = drafter.clone().unwrap_or_else(Drafter::off);
                 let mut sampler = Sampler::new(params);
                 print!("{p}");
+                let mut guide = constraint.map(|c| c.guide(&ids)).transpose()?;
                 let stats = generate(
                     &mut session,
                     &tok,
@@ -206,6 +220,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     &ids,
                     max_new,
                     false,
+                    guide.as_mut(),
                     &interrupt,
                     &mut |t| out.raw(t),
                 )?;
@@ -232,6 +247,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                     Feed::Tokens(&gen),
                     max_new,
                     !a.no_think,
+                    constraint,
                     &interrupt,
                 )?;
                 report(&stats, drafter.is_some());
@@ -244,6 +260,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
                 params,
                 drafter,
                 max_new,
+                constraint,
                 &interrupt,
                 &mut out,
                 encoder.as_ref(),
@@ -269,6 +286,51 @@ fn read_prompt_file(path: &std::path::Path) -> anyhow::Result<String> {
         text.pop();
     }
     Ok(text)
+}
+
+/// `--grammar`, `--grammar-file`, `--json-schema`: the answer's constraint, with the vocabulary it
+/// is compiled against for each reply.
+struct RunConstraint {
+    compiler: Compiler,
+    constraint: OutputConstraint,
+}
+
+impl RunConstraint {
+    fn from_args(a: &Args, tok: &Tokenizer, n_vocab: usize) -> anyhow::Result<Option<Self>> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let constraint = if let Some(g) = &a.grammar {
+            OutputConstraint::Grammar(g.clone())
+        } else if let Some(f) = &a.grammar_file {
+            OutputConstraint::Grammar(read(f)?)
+        } else if let Some(j) = &a.json_schema {
+            let text = match j.strip_prefix('@') {
+                Some(f) => read(std::path::Path::new(f))?,
+                None => j.clone(),
+            };
+            let schema = serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
+            OutputConstraint::JsonSchema(schema)
+        } else {
+            return Ok(None);
+        };
+        let compiler = Compiler::new(tok, n_vocab)?;
+        // Compile once now: a bad grammar or schema is reported before the model runs.
+        compiler.compile(&constraint)?;
+        Ok(Some(RunConstraint {
+            compiler,
+            constraint,
+        }))
+    }
+
+    /// The guide of one reply to `prompt` (free thinking first if the prompt opens a think block).
+    fn guide(&self, prompt: &[u32]) -> anyhow::Result<Guide> {
+        let mut g = self.compiler.compile(&self.constraint)?;
+        if self.compiler.starts_in_thinking(prompt) {
+            g.wait_for_thinking();
+        }
+        Ok(g)
+    }
 }
 
 fn demo_model() -> anyhow::Result<PathBuf> {
@@ -318,8 +380,14 @@ fn reply(
     prompt: Feed<'_>,
     max_new: Option<usize>,
     thinking: bool,
+    constraint: Option<&RunConstraint>,
     interrupt: &AtomicBool,
 ) -> anyhow::Result<Stats> {
+    let tokens = match prompt {
+        Feed::Tokens(ids) => ids,
+        Feed::Prompt(p, _) => p.tokens(),
+    };
+    let mut guide = constraint.map(|c| c.guide(tokens)).transpose()?;
     // With thinking on, the generation prompt ends inside `<think>`.
     let mut split = ThinkStream::new(thinking);
     let mut on_text = |t: &str| {
@@ -336,6 +404,7 @@ fn reply(
             ids,
             max_new,
             true,
+            guide.as_mut(),
             interrupt,
             &mut on_text,
         )?,
@@ -348,6 +417,7 @@ fn reply(
             start,
             max_new,
             true,
+            guide.as_mut(),
             interrupt,
             &mut on_text,
         )?,
@@ -368,6 +438,7 @@ fn interactive(
     params: SamplingParams,
     drafter: Option<Drafter>,
     max_new: Option<usize>,
+    constraint: Option<&RunConstraint>,
     interrupt: &AtomicBool,
     out: &mut Printer,
     encoder: Option<&ImageEncoder<'_>>,
@@ -431,6 +502,7 @@ fn interactive(
                 Feed::Tokens(&gen),
                 max_new,
                 !a.no_think,
+                constraint,
                 interrupt,
             )?
         } else {
@@ -452,6 +524,7 @@ fn interactive(
                 Feed::Prompt(&prompt, start),
                 max_new,
                 !a.no_think,
+                constraint,
                 interrupt,
             )?
         };

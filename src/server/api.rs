@@ -16,11 +16,12 @@ use minijinja::value::Value as JValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-use super::engine::{Done, Event, Finish, Job, TokenLogprob};
+use super::engine::{Done, Engine, Event, Finish, Job, TokenLogprob};
 use super::text::{tool_call_json, ChatStream, Delta};
 use super::AppState;
 use crate::chat::{ChatOptions, ChatTemplate};
-use crate::constraint::OutputConstraint;
+use crate::constraint::tools::{ToolCalls, ToolSpec};
+use crate::constraint::{ConstraintError, OutputConstraint};
 use crate::model::prompt::{prompt_with_media, MEDIA_MARKER};
 use crate::model::Prompt;
 use crate::sampling::SamplingParams;
@@ -318,7 +319,11 @@ pub(super) struct GenSettings {
     pub(super) constraint: Option<OutputConstraint>,
 }
 
-fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSettings, ApiError> {
+fn gen_settings(
+    f: &Fields<'_>,
+    mut params: SamplingParams,
+    engine: &Engine,
+) -> Result<GenSettings, ApiError> {
     if let Some(t) = f.f32_in("temperature", 0.0, 2.0)? {
         params.temperature = t;
     }
@@ -402,7 +407,7 @@ fn gen_settings(f: &Fields<'_>, mut params: SamplingParams) -> Result<GenSetting
         stream,
         include_usage,
         ignore_eos: f.bool("ignore_eos")?.unwrap_or(false),
-        constraint: None,
+        constraint: output_constraint(f, engine)?,
     })
 }
 
@@ -502,6 +507,168 @@ fn check_openai_fields(f: &Fields<'_>, chat: bool, n_vocab: usize) -> Result<(),
             "tool_choice",
             "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": …}} naming one of the tools",
         )),
+    }
+}
+
+/// The language the output must follow: OpenAI's `response_format`, or llama.cpp's `json_schema` or
+/// `grammar` (GBNF), at most one of them. Compiled here, so an unsupported schema feature or a bad
+/// grammar is a 400 naming the field.
+fn output_constraint(
+    f: &Fields<'_>,
+    engine: &Engine,
+) -> Result<Option<OutputConstraint>, ApiError> {
+    let mut asked: Vec<(String, OutputConstraint)> = Vec::new();
+    if let Some(rf) = f.object("response_format")? {
+        let rf = Fields {
+            m: rf,
+            prefix: "response_format.",
+        };
+        match rf.str("type")? {
+            Some("text") => {}
+            // llama.cpp's extension: a json_object with a schema.
+            Some("json_object") => asked.push((
+                f.name("response_format"),
+                match rf.get("schema") {
+                    Some(s) => OutputConstraint::JsonSchema(schema_value(&rf, "schema", s)?),
+                    None => OutputConstraint::JsonObject,
+                },
+            )),
+            Some("json_schema") => {
+                let Some(js) = rf.object("json_schema")? else {
+                    return Err(rf.wrong("json_schema", "an object with a 'schema'"));
+                };
+                let js = Fields {
+                    m: js,
+                    prefix: "response_format.json_schema.",
+                };
+                js.str("name")?;
+                js.bool("strict")?;
+                let Some(s) = js.get("schema") else {
+                    return Err(js.wrong("schema", "a JSON schema"));
+                };
+                asked.push((
+                    f.name("response_format"),
+                    OutputConstraint::JsonSchema(schema_value(&js, "schema", s)?),
+                ));
+            }
+            _ => {
+                return Err(rf.wrong("type", "one of 'text', 'json_object' and 'json_schema'"));
+            }
+        }
+    }
+    if let Some(s) = f.get("json_schema") {
+        asked.push((
+            f.name("json_schema"),
+            OutputConstraint::JsonSchema(schema_value(f, "json_schema", s)?),
+        ));
+    }
+    // llama.cpp clients send an empty grammar for "none".
+    if let Some(g) = f.str("grammar")?.filter(|g| !g.trim().is_empty()) {
+        asked.push((f.name("grammar"), OutputConstraint::Grammar(g.to_string())));
+    }
+    let Some((param, c)) = asked.pop() else {
+        return Ok(None);
+    };
+    if let Some((other, _)) = asked.first() {
+        return Err(ApiError::param(
+            format!("'{other}' and '{param}' both constrain the output: give one of them"),
+            &param,
+        ));
+    }
+    checked(engine, c, &param).map(Some)
+}
+
+/// The constraint if it compiles; a 400 naming `param` if not.
+fn checked(
+    engine: &Engine,
+    c: OutputConstraint,
+    param: &str,
+) -> Result<OutputConstraint, ApiError> {
+    match engine.compile_constraint(&c) {
+        Ok(_) => Ok(c),
+        Err(ConstraintError::Unavailable(msg)) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            msg,
+        )),
+        Err(e) => Err(ApiError::param(e.to_string(), param).code("invalid_constraint")),
+    }
+}
+
+/// `tools` with `"strict": true`: the answer is text, or text then tool calls whose arguments follow
+/// their function's schema (calls only with `tool_choice` "required" or a named function). Strict
+/// tools constrain the whole answer, so they do not combine with another constraint.
+fn strict_tools(
+    f: &Fields<'_>,
+    tools: &[Value],
+    other: Option<OutputConstraint>,
+    engine: &Engine,
+) -> Result<Option<OutputConstraint>, ApiError> {
+    let strict = |t: &Value| t["function"]["strict"] == Value::Bool(true);
+    if !tools.iter().any(strict) {
+        return Ok(other);
+    }
+    if other.is_some() {
+        return Err(ApiError::param(
+            "strict tools constrain the answer: they cannot be combined with response_format, json_schema or grammar",
+            "tools",
+        ));
+    }
+    let (required, only) = match f.get("tool_choice") {
+        None => (false, None),
+        Some(Value::String(s)) if s == "auto" => (false, None),
+        Some(Value::String(s)) if s == "required" => (true, None),
+        Some(Value::Object(o)) => match o.get("function").and_then(|x| x.get("name")) {
+            Some(Value::String(n)) => (true, Some(n.as_str())),
+            _ => {
+                return Err(f.wrong(
+                    "tool_choice",
+                    "{\"type\": \"function\", \"function\": {\"name\": …}}",
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(f.wrong(
+                "tool_choice",
+                "'auto', 'none', 'required' or a function to call",
+            ))
+        }
+    };
+    let specs: Vec<ToolSpec> = tools
+        .iter()
+        .filter_map(|t| {
+            let name = t["function"]["name"].as_str()?;
+            if only.is_some_and(|o| o != name) {
+                return None;
+            }
+            let parameters = match t["function"].get("parameters") {
+                Some(p) if strict(t) && !p.is_null() => p.clone(),
+                _ => json!({"type": "object"}),
+            };
+            Some(ToolSpec {
+                name: name.to_string(),
+                parameters,
+            })
+        })
+        .collect();
+    if specs.is_empty() {
+        return Err(ApiError::param(
+            "'tool_choice' names a function that is not in 'tools'",
+            "tool_choice",
+        ));
+    }
+    let c = OutputConstraint::ToolCalls(ToolCalls {
+        tools: specs,
+        required,
+    });
+    checked(engine, c, "tools").map(Some)
+}
+
+/// A JSON schema field: an object (or `true`/`false`).
+fn schema_value(f: &Fields<'_>, key: &str, v: &Value) -> Result<Value, ApiError> {
+    match v {
+        Value::Object(_) | Value::Bool(_) => Ok(v.clone()),
+        _ => Err(f.wrong(key, "a JSON schema (an object)")),
     }
 }
 
@@ -945,7 +1112,7 @@ fn prepare_completion(
     let mut params = SamplingParams::qwen35(true);
     // Continuing text: the chat defaults' presence penalty is meant for instruct use.
     params.presence_penalty = 0.0;
-    let settings = gen_settings(&f, params)?;
+    let settings = gen_settings(&f, params, &st.engine)?;
     let logprobs = f.uint("logprobs", 20)?.map(|n| n as usize);
     check_context(prompt.len(), st.engine.n_ctx)?;
     let prompt = Prompt::text(prompt).map_err(|e| ApiError::invalid(format!("{e:#}")))?;
@@ -1395,7 +1562,10 @@ fn prepare_chat(
     if let Some(t) = tools.filter(|_| use_tools) {
         extra.push(("tools".into(), to_jinja(&Value::Array(t.clone()))));
     }
-    let settings = gen_settings(&f, SamplingParams::qwen35(thinking))?;
+    let mut settings = gen_settings(&f, SamplingParams::qwen35(thinking), &st.engine)?;
+    if let Some(t) = tools.filter(|_| use_tools) {
+        settings.constraint = strict_tools(&f, t, settings.constraint.take(), &st.engine)?;
+    }
     let logprobs = if f.bool("logprobs")?.unwrap_or(false) {
         Some(f.uint("top_logprobs", 20)?.unwrap_or(0) as usize)
     } else {

@@ -5,14 +5,14 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cache::{CacheStats, PromptCache};
 use super::text::StopMatcher;
-use crate::constraint::OutputConstraint;
+use crate::constraint::{Compiler, ConstraintError, Guide, OutputConstraint};
 use crate::model::{DraftStats, Drafter, KvType, Model, Prompt, Session};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TokenType, Tokenizer};
@@ -114,6 +114,9 @@ pub struct Engine {
     banned: Vec<u32>,
     /// Drafting with the model's MTP block: each request starts from a copy of this.
     drafter: Option<Drafter>,
+    /// The vocabulary's token trie for constrained output, built by the first request that has a
+    /// constraint (it takes a moment on a large vocabulary; servers that never need it skip it).
+    compiler: OnceLock<Result<Compiler, String>>,
 }
 
 /// The queue is full.
@@ -150,6 +153,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
             banned,
             drafter,
+            compiler: OnceLock::new(),
         });
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..engine.parallel {
@@ -175,6 +179,23 @@ impl Engine {
         }
     }
 
+    /// Compiles a request's constraint: an invalid or unsupported one is the request's fault.
+    pub fn compile_constraint(&self, c: &OutputConstraint) -> Result<Guide, ConstraintError> {
+        self.compiler()
+            .map_err(ConstraintError::Unavailable)?
+            .compile(c)
+    }
+
+    fn compiler(&self) -> Result<&Compiler, String> {
+        self.compiler
+            .get_or_init(|| {
+                Compiler::new(self.tok, self.model.n_vocab())
+                    .map_err(|e| format!("cannot build the constraint vocabulary: {e:#}"))
+            })
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
     pub fn cache_stats(&self) -> CacheStats {
         lock(&self.cache).stats()
     }
@@ -182,6 +203,17 @@ impl Engine {
     fn run(&self, job: &Job) -> Result<Done, String> {
         let t0 = Instant::now();
         let prompt = &job.prompt;
+        let mut guide = match &job.constraint {
+            None => None,
+            Some(c) => {
+                let mut g = self.compile_constraint(c).map_err(|e| e.to_string())?;
+                // A chat with thinking on: the model thinks freely, the answer is constrained.
+                if self.compiler()?.starts_in_thinking(prompt.tokens()) {
+                    g.wait_for_thinking();
+                }
+                Some(g)
+            }
+        };
         let key = prompt.cache_key();
         let cancelled = || job.tx.is_closed() || self.stopping.load(Ordering::Relaxed);
         let hit = lock(&self.cache).lookup(&key);
@@ -262,7 +294,16 @@ impl Engine {
             if job.max_tokens.is_some_and(|m| generated.len() >= m) {
                 break Finish::Length;
             }
+            if let Some(g) = &mut guide {
+                if g.is_complete() {
+                    break Finish::Stop;
+                }
+                g.mask_logits(&mut logits).map_err(|e| e.to_string())?;
+            }
             let id = sampler.sample(&logits);
+            if let Some(g) = &mut guide {
+                g.advance(id).map_err(|e| e.to_string())?;
+            }
             if self.tok.is_eog(id) && !job.ignore_eos {
                 break Finish::Stop;
             }

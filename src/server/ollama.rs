@@ -30,7 +30,7 @@ use super::api::{
 use super::engine::{Done, Event, Finish};
 use super::text::{ChatStream, Delta, ToolCall};
 use super::AppState;
-use crate::constraint::OutputConstraint;
+use crate::constraint::{ConstraintError, OutputConstraint};
 use crate::model::prompt::MEDIA_MARKER;
 use crate::model::Prompt;
 use crate::sampling::SamplingParams;
@@ -207,6 +207,21 @@ fn constraint(format: Option<&Value>) -> Result<Option<OutputConstraint>, Ollama
         Some(_) => Err(OllamaError::bad(
             "invalid 'format': must be \"json\" or a JSON schema object",
         )),
+    }
+}
+
+/// Compiles `format` now, so an unsupported schema feature is a 400 before generation starts.
+fn check_format(st: &AppState, s: &GenSettings) -> Result<(), OllamaError> {
+    match s
+        .constraint
+        .as_ref()
+        .map(|c| st.engine.compile_constraint(c))
+    {
+        None | Some(Ok(_)) => Ok(()),
+        Some(Err(ConstraintError::Unavailable(m))) => {
+            Err(OllamaError::new(StatusCode::INTERNAL_SERVER_ERROR, m))
+        }
+        Some(Err(e)) => Err(OllamaError::bad(format!("invalid 'format': {e}"))),
     }
 }
 
@@ -414,6 +429,7 @@ fn prepare_chat(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Pr
         req.format.as_ref(),
         req.stream.unwrap_or(true),
     )?;
+    check_format(st, &settings)?;
     let _ = req.keep_alive;
     if req.messages.is_empty() {
         return Ok(Prep::Load { model });
@@ -478,6 +494,7 @@ fn prepare_generate(
         req.format.as_ref(),
         req.stream.unwrap_or(true),
     )?;
+    check_format(st, &settings)?;
     let _ = req.keep_alive;
     if req.template.as_deref().is_some_and(|t| !t.is_empty()) {
         return Err(OllamaError::bad(
