@@ -221,11 +221,12 @@ mod generic {
     pub fn tile<const FMA: bool>(x: &Tile) {
         fn run<const R: usize, const FMA: bool>(x: &Tile) {
             for h in 0..x.cols.div_ceil(W) {
+                let arow: [&[f32]; R] = std::array::from_fn(|r| &x.a[r * x.lda..][..x.kc]);
                 let mut acc = [[0f32; W]; R];
-                for p in 0..x.kc {
-                    let b: &[f32; W] = x.b[p * NR + h * W..][..W].try_into().unwrap();
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let a = x.a[r * x.lda + p];
+                for (p, b) in x.b.chunks_exact(NR).enumerate() {
+                    let b: &[f32; W] = b[h * W..][..W].try_into().unwrap();
+                    for (acc, a) in acc.iter_mut().zip(&arow) {
+                        let a = a[p];
                         for (s, &b) in acc.iter_mut().zip(b) {
                             *s = if FMA { a.mul_add(b, *s) } else { a * b + *s };
                         }
@@ -268,18 +269,38 @@ mod x86 {
     pub unsafe fn tile_avx512(x: &Tile) {
         #[target_feature(enable = "avx2,fma,avx512f")]
         unsafe fn run<const R: usize>(x: &Tile) {
-            let (a, b) = (x.a.as_ptr(), x.b.as_ptr());
             debug_assert!(x.a.len() >= (R - 1) * x.lda + x.kc && x.b.len() >= x.kc * NR);
+            let arow: [*const f32; R] = core::array::from_fn(|r| x.a.as_ptr().add(r * x.lda));
+            let b = x.b.as_ptr();
             let mut acc = [[_mm512_setzero_ps(); 2]; R];
             for p in 0..x.kc {
-                // SAFETY: p < kc, R ≤ rows: inside the slices (`gemm_packed_with` sized them).
+                // SAFETY: p < kc, R ≤ rows rows of A and the kc × NR panel: inside the slices
+                // (`gemm_packed_raw` sized them).
                 let b0 = _mm512_loadu_ps(b.add(p * NR));
                 let b1 = _mm512_loadu_ps(b.add(p * NR + 16));
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let av = _mm512_set1_ps(*a.add(r * x.lda + p));
-                    acc[0] = _mm512_fmadd_ps(av, b0, acc[0]);
-                    acc[1] = _mm512_fmadd_ps(av, b1, acc[1]);
+                // Spelled out per row (constant indices), so the accumulators stay in registers
+                // whatever the optimizer's unrolling.
+                macro_rules! row {
+                    ($r:literal) => {
+                        if $r < R {
+                            let av = _mm512_set1_ps(*arow[$r].add(p));
+                            acc[$r][0] = _mm512_fmadd_ps(av, b0, acc[$r][0]);
+                            acc[$r][1] = _mm512_fmadd_ps(av, b1, acc[$r][1]);
+                        }
+                    };
                 }
+                row!(0);
+                row!(1);
+                row!(2);
+                row!(3);
+                row!(4);
+                row!(5);
+                row!(6);
+                row!(7);
+                row!(8);
+                row!(9);
+                row!(10);
+                row!(11);
             }
             let mask = |h: usize| -> __mmask16 {
                 let n = x.cols.saturating_sub(16 * h).min(16);
@@ -307,16 +328,22 @@ mod x86 {
     pub unsafe fn tile_avx2(x: &Tile) {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn run<const R: usize>(x: &Tile) {
-            let (a, b) = (x.a.as_ptr(), x.b.as_ptr());
             debug_assert!(x.a.len() >= (R - 1) * x.lda + x.kc && x.b.len() >= x.kc * NR);
             for h in 0..x.cols.div_ceil(16) {
+                // Pointers stepped by adds, as in the AVX-512 kernel.
+                let mut arow: [*const f32; R] =
+                    core::array::from_fn(|r| x.a.as_ptr().add(r * x.lda));
+                let mut b = x.b.as_ptr().add(16 * h);
                 let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for p in 0..x.kc {
-                    // SAFETY: p < kc, R ≤ rows, h·16 + 16 ≤ NR: inside the slices.
-                    let b0 = _mm256_loadu_ps(b.add(p * NR + 16 * h));
-                    let b1 = _mm256_loadu_ps(b.add(p * NR + 16 * h + 8));
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let av = _mm256_broadcast_ss(&*a.add(r * x.lda + p));
+                for _ in 0..x.kc {
+                    // SAFETY: kc steps of R ≤ rows rows of A and of the panel's half h: inside the
+                    // slices.
+                    let b0 = _mm256_loadu_ps(b);
+                    let b1 = _mm256_loadu_ps(b.add(8));
+                    b = b.add(NR);
+                    for (acc, a) in acc.iter_mut().zip(arow.iter_mut()) {
+                        let av = _mm256_broadcast_ss(&**a);
+                        *a = a.add(1);
                         acc[0] = _mm256_fmadd_ps(av, b0, acc[0]);
                         acc[1] = _mm256_fmadd_ps(av, b1, acc[1]);
                     }
