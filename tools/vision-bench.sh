@@ -10,7 +10,8 @@
 # tokens) into $WORK (default target/vision-bench), then runs, R rounds (default 3), alternating which tool
 # goes first:
 #   deltaq run -m MODEL --mmproj MMPROJ --image IMG -p describe -n 1 -t T      ("encoded in N ms")
-#   llama-mtmd-cli -m MODEL --mmproj MMPROJ --image IMG -p describe -n 1 -t T  ("image slice encoded in N ms")
+#   llama-mtmd-cli -m MODEL --mmproj MMPROJ --image IMG -p describe -n 1 -t T
+#     ("image slice encoded in N ms", or in llama.cpp 0c1e57098 "mtmd batch encoding done in N ms")
 # each under /usr/bin/time -v (peak RSS of the whole process: text model, mmproj and buffers), and prints
 # the medians. T = threads (default 2); TYPE = the mmproj's matrix type (default f16). LLAMA_BIN_DIR
 # defaults to target/llama-bench/build/bin (tools/llama-bench-build.sh); without llama-mtmd-cli there,
@@ -68,7 +69,8 @@ run_one() { # TOOL ROUND -> appends "TOOL encode_ms rss_kib" to $WORK/results
   local ms rss
   case $tool in
     deltaq) ms=$(grep -o 'encoded in [0-9.]* ms' "$log" | grep -o '[0-9.]*' | head -1) ;;
-    llama) ms=$(grep -o 'image slice encoded in [0-9.]* ms' "$log" | grep -o '[0-9.]*' | head -1) ;;
+    llama) ms=$(grep -oE '(image slice encoded|mtmd batch encoding done) in [0-9.]+ ms' "$log" |
+             grep -oE '[0-9.]+' | head -1) ;;
   esac
   rss=$(grep 'Maximum resident set size' "$log" | grep -o '[0-9]*$')
   [ -n "$ms" ] || { echo "$tool: no encode time in $log" >&2; exit 1; }
