@@ -11,6 +11,7 @@ pub mod fgemm;
 pub mod fpenv;
 mod matmul;
 pub mod ops;
+pub mod panel_gemm;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod x86;

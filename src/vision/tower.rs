@@ -8,8 +8,9 @@
 //!    over the image with a 2-D (row, column) rotary embedding;
 //! 3. merger: LayerNorm, each merge block's `merge²` consecutive rows concatenated, fc1, exact GELU, fc2.
 //!
-//! Weight products go through `kernels::matmul`; attention is two f32 GEMMs per head and block of
-//! queries, the blocks spread over the threads.
+//! Weight products go through `kernels::panel_gemm` (each weight widened to f32 and packed once per image,
+//! every patch row through register tiles), K-quant weights through `kernels::matmul`'s int8 GEMM;
+//! attention is two packed f32 GEMMs per head and block of queries, the blocks spread over the threads.
 
 use std::cell::Cell;
 
@@ -18,9 +19,11 @@ use rayon::prelude::*;
 
 use super::mmproj::{VisionHParams, VisionWeights, LN_EPS, ROPE_THETA};
 use crate::gguf::GgufFile;
-use crate::kernels::fgemm::gemm;
 use crate::kernels::fpenv::FlushDenormals;
-use crate::kernels::{matmul, ops, Weight};
+use crate::kernels::panel_gemm::{
+    gemm_packed, matmul_weight, pack_rows, pack_transposed, packed_len,
+};
+use crate::kernels::{kernels, matmul, ops, Weight};
 
 /// The tower: hyperparameters and weights (views into the mmproj mapping).
 pub struct VisionModel<'a> {
@@ -37,7 +40,7 @@ pub struct VisionScratch {
     h: Vec<f32>,
     /// `[N × 3D]` q, k, v of every patch.
     qkv: Vec<f32>,
-    /// `[H × (hd × N + N × hd)]` each head's keys, transposed, then its values.
+    /// Per head, its keys then its values packed for `gemm_packed` ([`packed_kv_len`] floats).
     kv: Vec<f32>,
     /// `[N × D]` attention output (heads side by side).
     attn: Vec<f32>,
@@ -65,12 +68,14 @@ pub enum VisionTap<'s> {
     Hidden { block: usize, x: &'s [f32] },
 }
 
-/// Queries per attention work item: their scores `[QUERY_BLOCK × N]` stay in L2 (N = 3072: 384 KiB).
-const QUERY_BLOCK: usize = 32;
+/// Queries per attention work item (a multiple of every kernel's tile rows): their scores
+/// `[QUERY_BLOCK × N]` stay in L2 (N = 3072: 576 KiB).
+const QUERY_BLOCK: usize = 48;
 
-/// Keys per attention GEMM: their `K_hᵀ` columns or `V_h` rows (64 KiB at hd = 64) stay in L2 while every
-/// query row of the block uses them.
-const KEY_CHUNK: usize = 256;
+/// Floats of one head's packed keys (`N` columns of depth `hd`) and values (`hd` columns of depth `N`).
+fn packed_kv_len(n: usize, hd: usize) -> (usize, usize) {
+    (packed_len(n, hd), packed_len(hd, n))
+}
 
 thread_local! {
     /// A worker's attention scores, kept from one call to the next.
@@ -143,7 +148,10 @@ impl<'a> VisionModel<'a> {
             (&mut s.x, n * d),
             (&mut s.h, n * d),
             (&mut s.qkv, n * 3 * d),
-            (&mut s.kv, 2 * n * d),
+            (&mut s.kv, {
+                let (k, v) = packed_kv_len(n, hd);
+                hp.n_head * (k + v)
+            }),
             (&mut s.attn, n * d),
             (&mut s.ffn, n * ff.max(d)),
             (&mut s.cos, n * hd / 2),
@@ -154,7 +162,7 @@ impl<'a> VisionModel<'a> {
         let (x, h) = (&mut s.x[..n * d], &mut s.h[..n * d]);
 
         // Patch embedding + position embedding: x = P·Wᵀ + b + pos   [N × D]
-        linear(&w.patch_matrix(hp), &w.patch_b, pixel_values, n, x);
+        linear(&w.patch_matrix(hp), &w.patch_b, pixel_values, n, x)?;
         self.position_embeddings(grid_h, grid_w, h);
         tap(VisionTap::PositionEmbeddings(&*h));
         add_rows(x, h);
@@ -167,16 +175,16 @@ impl<'a> VisionModel<'a> {
         for (il, b) in w.blocks.iter().enumerate() {
             // x += proj(attn(LN1(x)))
             layer_norm_rows(x, &b.ln1_w, &b.ln1_b, h);
-            linear(&b.qkv, &b.qkv_b, h, n, qkv);
+            linear(&b.qkv, &b.qkv_b, h, n, qkv)?;
             self.rotate_qk(qkv, &s.cos, &s.sin);
             self.attention(qkv, n, &mut s.kv, attn);
-            linear(&b.out, &b.out_b, attn, n, h);
+            linear(&b.out, &b.out_b, attn, n, h)?;
             add_rows(x, h);
             // x += fc2(gelu_tanh(fc1(LN2(x))))
             layer_norm_rows(x, &b.ln2_w, &b.ln2_b, h);
-            linear(&b.fc1, &b.fc1_b, h, n, fh);
+            linear(&b.fc1, &b.fc1_b, h, n, fh)?;
             fh.par_chunks_mut(ff).for_each(ops::gelu_tanh_in_place);
-            linear(&b.fc2, &b.fc2_b, fh, n, h);
+            linear(&b.fc2, &b.fc2_b, fh, n, h)?;
             add_rows(x, h);
             tap(VisionTap::Hidden {
                 block: il + 1,
@@ -189,10 +197,10 @@ impl<'a> VisionModel<'a> {
         layer_norm_rows(x, &w.post_ln_w, &w.post_ln_b, h);
         let (nm, md) = (n / (m * m), hp.merged_dim());
         let merged = &mut s.ffn[..nm * md];
-        linear(&w.mm0, &w.mm0_b, h, nm, merged);
+        linear(&w.mm0, &w.mm0_b, h, nm, merged)?;
         merged.par_chunks_mut(md).for_each(ops::gelu_erf_in_place);
         let mut out = vec![0f32; nm * hp.n_out];
-        linear(&w.mm2, &w.mm2_b, merged, nm, &mut out);
+        linear(&w.mm2, &w.mm2_b, merged, nm, &mut out)?;
         Ok(out)
     }
 
@@ -287,19 +295,17 @@ impl<'a> VisionModel<'a> {
     fn attention(&self, qkv: &[f32], n: usize, kv: &mut [f32], out: &mut [f32]) {
         let (d, hd, nh) = (self.hp.n_embd, self.hp.head_dim, self.hp.n_head);
         let scale = 1.0 / (hd as f32).sqrt();
-        // Per head, K_hᵀ [hd × N] then V_h [N × hd], contiguous: the scores are a plain GEMM and both
-        // products read their B operand in unit-stride rows.
-        kv.par_chunks_mut(2 * hd * n)
+        let (kl, vl) = packed_kv_len(n, hd);
+        // Per head, its keys (the scores' B: `N` columns of depth `hd`, times the scale) and values (the
+        // output's B: `hd` columns of depth `N`) packed once for every query block.
+        kv[..nh * (kl + vl)]
+            .par_chunks_mut(kl + vl)
             .enumerate()
             .for_each(|(head, kv)| {
-                let (kt, v) = kv.split_at_mut(hd * n);
-                for (t, v) in v.chunks_exact_mut(hd).enumerate() {
-                    let row = &qkv[t * 3 * d + head * hd..];
-                    for (c, &k) in row[d..][..hd].iter().enumerate() {
-                        kt[c * n + t] = k;
-                    }
-                    v.copy_from_slice(&row[2 * d..][..hd]);
-                }
+                let (kp, vp) = kv.split_at_mut(kl);
+                pack_transposed(n, hd, &qkv[d + head * hd..], 3 * d, kp);
+                kp.iter_mut().for_each(|k| *k *= scale);
+                pack_rows(hd, n, &qkv[2 * d + head * hd..], 3 * d, vp);
             });
         let kv = &*kv;
         out.par_chunks_mut(QUERY_BLOCK * d)
@@ -313,56 +319,29 @@ impl<'a> VisionModel<'a> {
                 let sc = &mut scores[..rows * n];
                 for head in 0..nh {
                     let q = &qkv[t0 * 3 * d + head * hd..];
-                    let (kt, v) = kv[head * 2 * hd * n..][..2 * hd * n].split_at(hd * n);
-                    // S = scale · Q_h K_hᵀ   [rows × N], KEY_CHUNK keys at a time (their K_hᵀ
-                    // columns stay in cache for all the rows).
-                    for j0 in (0..n).step_by(KEY_CHUNK) {
-                        let nc = KEY_CHUNK.min(n - j0);
-                        gemm(
-                            rows,
-                            nc,
-                            hd,
-                            scale,
-                            q,
-                            3 * d,
-                            &kt[j0..],
-                            n,
-                            0.0,
-                            &mut sc[j0..],
-                            n,
-                        );
-                    }
+                    let (kp, vp) = kv[head * (kl + vl)..][..kl + vl].split_at(kl);
+                    // S = Q_h (scale · K_h)ᵀ   [rows × N]
+                    gemm_packed(rows, n, hd, q, 3 * d, kp, sc, n, false);
                     sc.chunks_exact_mut(n).for_each(ops::softmax);
-                    // O_h = S · V_h   [rows × hd] into this head's columns of `out`, summed over
-                    // KEY_CHUNK keys at a time (their V_h rows stay in cache for all the rows).
-                    let o = &mut out[head * hd..];
-                    for p0 in (0..n).step_by(KEY_CHUNK) {
-                        let (pc, beta) = (KEY_CHUNK.min(n - p0), if p0 == 0 { 0.0 } else { 1.0 });
-                        gemm(
-                            rows,
-                            hd,
-                            pc,
-                            1.0,
-                            &sc[p0..],
-                            n,
-                            &v[p0 * hd..],
-                            hd,
-                            beta,
-                            o,
-                            d,
-                        );
-                    }
+                    // O_h = S · V_h   [rows × hd] into this head's columns of `out`.
+                    gemm_packed(rows, hd, n, sc, n, vp, &mut out[head * hd..], d, false);
                 }
                 SCORES.set(scores);
             });
     }
 }
 
-/// `out = x·Wᵀ + b` for `n` rows.
-fn linear(w: &Weight, b: &[f32], x: &[f32], n: usize, out: &mut [f32]) {
-    matmul(w, x, n, out);
+/// `out = x·Wᵀ + b` for `n` rows: K-quant weights through the table's int8 prefill GEMM, the rest
+/// widened to f32 ([`matmul_weight`]).
+fn linear(w: &Weight, b: &[f32], x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+    if kernels().quant_gemm.is_some_and(|g| (g.supports)(w.ty)) {
+        matmul(w, x, n, out);
+    } else {
+        matmul_weight(w, x, n, out)?;
+    }
     out.par_chunks_mut(b.len())
         .for_each(|row| ops::add_bias(row, b));
+    Ok(())
 }
 
 /// `out = LN(x)` row by row.
