@@ -151,11 +151,46 @@ fn json_options(schema: Value) -> Value {
         Value::Bool(true) => json!({}),
         s => s,
     };
+    close_objects(&mut schema, false);
     if let Value::Object(m) = &mut schema {
         m.entry("x-guidance")
             .or_insert_with(|| json!({ "whitespace_pattern": JSON_WHITESPACE }));
     }
     schema
+}
+
+/// An object schema with `properties` but no `additionalProperties` admits only its properties, as
+/// llama.cpp's (and so Ollama's) schema grammars do: JSON Schema's default (any extra key) lets a model
+/// that does not know when to stop write keys forever. Members of `allOf` stay open, since each
+/// describes only part of the object.
+fn close_objects(schema: &mut Value, in_all_of: bool) {
+    if let Value::Object(m) = schema {
+        if !in_all_of && m.contains_key("properties") && !m.contains_key("additionalProperties") {
+            m.insert("additionalProperties".into(), Value::Bool(false));
+        }
+        for (key, v) in m.iter_mut() {
+            match key.as_str() {
+                // Maps of name -> schema.
+                "properties" | "$defs" | "definitions" | "patternProperties" => {
+                    if let Value::Object(sub) = v {
+                        sub.values_mut().for_each(|s| close_objects(s, false));
+                    }
+                }
+                "allOf" => {
+                    if let Value::Array(a) = v {
+                        a.iter_mut().for_each(|s| close_objects(s, true));
+                    }
+                }
+                "anyOf" | "oneOf" | "prefixItems" => {
+                    if let Value::Array(a) = v {
+                        a.iter_mut().for_each(|s| close_objects(s, false));
+                    }
+                }
+                "items" | "additionalProperties" | "not" => close_objects(v, false),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// One generation's constraint: masks the logits of each answer token and follows the sampled ones.

@@ -308,3 +308,34 @@ fn strict_tool_calls_follow_the_parameters() {
         }
     }
 }
+
+/// Objects without `additionalProperties` admit only their properties (llama.cpp's and Ollama's
+/// reading): random answers never add a key, at any depth; an explicit `additionalProperties` and
+/// the members of `allOf` are left as written.
+#[test]
+fn objects_without_additional_properties_are_closed() {
+    let (tok, compiler) = demo();
+    let schema = json!({"type": "object", "properties": {
+        "a": {"type": "boolean"},
+        "b": {"type": "object", "properties": {"c": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["c"]}},
+        "required": ["a", "b"]});
+    let mut rng = Rng::new(11);
+    for _ in 0..8 {
+        let mut g = compiler
+            .compile(&OutputConstraint::JsonSchema(schema.clone()))
+            .unwrap();
+        let (text, done) = generate(&tok, &mut g, &mut rng, 300);
+        assert!(done, "unfinished {text:?}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let keys: Vec<&String> = v.as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["a", "b"], "{text}");
+        assert_eq!(v["b"].as_object().unwrap().len(), 1, "{text}");
+    }
+
+    let mut open = json!({"properties": {"x": {}}, "additionalProperties": true,
+                          "allOf": [{"properties": {"y": {}}}]});
+    super::close_objects(&mut open, false);
+    assert_eq!(open["additionalProperties"], json!(true));
+    assert!(open["allOf"][0].get("additionalProperties").is_none());
+}
