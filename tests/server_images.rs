@@ -4,11 +4,10 @@
 //!
 //! The fixtures are copied (not committed) by `tools/fetch-fixtures.sh` into tests/fixtures/shared/.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Child;
 
 use serde_json::{json, Value};
 
@@ -32,36 +31,7 @@ struct Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deltaq"))
-            .args(["serve", "--port", "0", "-t", "1"])
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting deltaq serve");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if !sent {
-                    if let Some(i) = line.find("http://") {
-                        let addr = line[i + 7..].split_whitespace().next().unwrap().to_string();
-                        let _ = tx.send(addr);
-                        sent = true;
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server did not print its address");
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let (child, addr, agent) = common::spawn_serve(args);
         Server {
             child,
             base: format!("http://{addr}"),

@@ -1,15 +1,14 @@
 //! The chat page of `deltaq serve` and `GET /props`: the built binary on an ephemeral port, driven by
 //! ureq. The page itself runs in a browser in tools/webui_test.py (CI); here: what the server sends.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::process::Child;
 
 use serde_json::Value;
 
-const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-mtp-Q8_0.gguf");
+use common::MODEL;
 
 struct Server {
     child: Child,
@@ -28,36 +27,9 @@ struct Got {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deltaq"))
-            .args(["serve", "--port", "0", "-t", "1", "-c", "256"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting deltaq serve");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if !sent {
-                    if let Some(i) = line.find("http://") {
-                        let addr = line[i + 7..].split_whitespace().next().unwrap().to_string();
-                        let _ = tx.send(addr);
-                        sent = true;
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server did not print its address");
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let mut args = vec!["-c", "256"];
+        args.extend_from_slice(extra);
+        let (child, addr, agent) = common::spawn_serve(&args);
         Server {
             child,
             base: format!("http://{addr}"),

@@ -46,36 +46,9 @@ impl Reply {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_deltaq"))
-            .args(["serve", "-m", MODEL, "--port", "0", "-t", "1"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("starting deltaq serve");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut sent = false;
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                if !sent {
-                    if let Some(i) = line.find("http://") {
-                        let addr = line[i + 7..].split_whitespace().next().unwrap().to_string();
-                        let _ = tx.send(addr);
-                        sent = true;
-                    }
-                }
-            }
-        });
-        let addr = rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("the server did not print its address");
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .build()
-            .into();
+        let mut args = vec!["-m", MODEL];
+        args.extend_from_slice(extra);
+        let (child, addr, agent) = spawn_serve(&args);
         Server {
             child,
             base: format!("http://{addr}"),
@@ -153,6 +126,42 @@ impl Server {
         let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
         (status, body)
     }
+}
+
+/// Starts `deltaq serve --port 0 -t 1 ARGS` and waits (up to a minute) for the address it prints:
+/// the process, the address (`host:port`) and an HTTP agent that returns error statuses as responses.
+pub fn spawn_serve(args: &[&str]) -> (Child, String, ureq::Agent) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_deltaq"))
+        .args(["serve", "--port", "0", "-t", "1"])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("starting deltaq serve");
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut sent = false;
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if !sent {
+                if let Some(i) = line.find("http://") {
+                    let addr = line[i + 7..].split_whitespace().next().unwrap().to_string();
+                    let _ = tx.send(addr);
+                    sent = true;
+                }
+            }
+        }
+    });
+    let addr = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server did not print its address");
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .build()
+        .into();
+    (child, addr, agent)
 }
 
 impl Drop for Server {
