@@ -1,7 +1,7 @@
 //! The chat page at `/` (plain HTML, CSS and JS embedded in the binary: no CDN, no build step) and
 //! `GET /props`, which tells the page (and any client) what the server can do.
 
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, OnceLock};
 
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -20,7 +20,7 @@ struct Asset {
     content_type: &'static str,
     /// A strong validator of the body: browsers revalidate (`no-cache`) and get a 304 when unchanged,
     /// so a new binary's page is never mixed with an old cached script.
-    etag: LazyLock<String>,
+    etag: OnceLock<String>,
 }
 
 macro_rules! asset {
@@ -28,7 +28,7 @@ macro_rules! asset {
         Asset {
             body: include_bytes!(concat!("webui/", $file)),
             content_type: $type,
-            etag: LazyLock::new(|| etag_of(include_bytes!(concat!("webui/", $file)))),
+            etag: OnceLock::new(),
         }
     };
 }
@@ -37,6 +37,13 @@ static INDEX: Asset = asset!("index.html", "text/html; charset=utf-8");
 static APP_JS: Asset = asset!("app.js", "text/javascript; charset=utf-8");
 static STYLE: Asset = asset!("style.css", "text/css; charset=utf-8");
 static ICON: Asset = asset!("icon.svg", "image/svg+xml");
+
+impl Asset {
+    /// The body's ETag, computed on first use.
+    fn etag(&self) -> &str {
+        self.etag.get_or_init(|| etag_of(self.body))
+    }
+}
 
 fn etag_of(body: &[u8]) -> String {
     let d = Sha256::digest(body);
@@ -69,7 +76,7 @@ pub fn routes() -> Router<Arc<AppState>> {
 }
 
 fn serve(a: &'static Asset, req: &HeaderMap) -> Response {
-    let etag = a.etag.as_str();
+    let etag = a.etag();
     let fresh = req
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
