@@ -5,6 +5,7 @@
 //! partner (`VecDot`). SIMD kernels (later, in `src/kernels/`) are held to these references.
 
 mod float;
+pub mod iq;
 mod kquants;
 mod legacy;
 mod numeric;
@@ -319,7 +320,18 @@ impl GgmlType {
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
-            | GgmlType::Q8_K => GgmlType::Q8_K,
+            | GgmlType::Q8_K
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
+            | GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::IQ4_XS
+            | GgmlType::TQ1_0
+            | GgmlType::TQ2_0 => GgmlType::Q8_K,
+            GgmlType::IQ4_NL | GgmlType::MXFP4 => GgmlType::Q8_0,
             other => other,
         }
     }
@@ -351,6 +363,19 @@ pub trait BlockFormat: bytemuck::Pod + Send + Sync {
 
     /// Σ w·a over one row, with `a` the activations already quantized to `Self::VecDot`.
     fn vec_dot_ref(w: &[Self], a: &[Self::VecDot]) -> f32;
+}
+
+/// llama-quantize's row quantizer for a format (`quantize_<type>` in ggml): with an importance matrix
+/// `qw` (one weight per column of the row, `in_sum2 / count` as llama-quantize loads it), or without one.
+///
+/// Without `qw` it equals [`BlockFormat::quantize`] for the formats that have a reference quantizer.
+/// The result depends on the row only (rows are independent), so callers may split a tensor by rows.
+pub trait ImatrixQuantize: BlockFormat {
+    /// True for the formats llama-quantize refuses to make without an importance matrix.
+    const NEEDS_IMATRIX: bool = false;
+
+    /// Quantizes one row `x` (`x.len() == out.len() * BLOCK`, `qw.len() == x.len()` when given).
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]);
 }
 
 #[cfg(test)]
