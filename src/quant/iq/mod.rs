@@ -1,3 +1,7 @@
-//! The IQ ("importance") formats: lattice codebooks (IQ2/IQ3/IQ1) and non-linear levels (IQ4).
+//! The IQ ("importance") formats: lattice codebooks (IQ2/IQ3/IQ1) and non-linear levels (IQ4), with the
+//! ternary (TQ1_0, TQ2_0) and MXFP4 layouts beside them.
 
+pub mod blocks;
 pub mod grids;
+
+pub use blocks::*;
