@@ -18,6 +18,34 @@ pub fn exp_in_place(x: &mut [f32]) {
     (super::kernels().ops.exp)(x)
 }
 
+/// `x ← H x` for every `n` values of `x` (`n` a power of two), with `H` the orthonormal Walsh–Hadamard
+/// matrix `H[i][j] = (−1)^popcount(i & j) / √n` (Sylvester's construction, as llama.cpp builds its
+/// rotation matrices). `H` is symmetric and `H·H = I`: applying it twice gives back `x` up to rounding.
+/// A fast transform (n·log₂n additions) instead of llama.cpp's matrix product: the same values up to
+/// the order of the additions.
+pub fn hadamard(x: &mut [f32], n: usize) {
+    assert!(
+        n.is_power_of_two() && x.len().is_multiple_of(n),
+        "hadamard: {n} does not tile {}",
+        x.len()
+    );
+    // llama.cpp's entries: `1.0 / sqrtf(n)` rounded to f32.
+    let scale = (1.0 / f64::from((n as f32).sqrt())) as f32;
+    for x in x.chunks_exact_mut(n) {
+        let mut h = 1;
+        while h < n {
+            for pair in x.chunks_exact_mut(2 * h) {
+                let (a, b) = pair.split_at_mut(h);
+                for (a, b) in a.iter_mut().zip(b) {
+                    (*a, *b) = (*a + *b, *a - *b);
+                }
+            }
+            h *= 2;
+        }
+        x.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
 /// `x ← σ(x)` element-wise.
 pub fn sigmoid_in_place(x: &mut [f32]) {
     (super::kernels().ops.sigmoid)(x)

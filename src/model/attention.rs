@@ -10,7 +10,7 @@ use super::weights::AttentionWeights;
 use super::{carve, for_rows};
 use crate::kernels::attend::{attend, KvElem, KvPages, KvStore};
 use crate::kernels::attend_quant::{attend_quant, KvBlock};
-use crate::kernels::ops::{rms_norm, rope, rope_cos_sin, sigmoid_mul};
+use crate::kernels::ops::{hadamard, rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 use crate::quant::{BlockQ4_0, BlockQ8_0};
 
@@ -193,6 +193,37 @@ impl<T: KvStore> KvPaged<T> {
     }
 }
 
+/// The Walsh–Hadamard rotations a quantized cache is stored in, as llama.cpp does by default
+/// (`attn_rot_k` / `attn_rot_v` in its KV cache): queries and keys after RoPE by blocks of `k` values
+/// (the largest power of two dividing the head dim), values by blocks of `v = 64` and the attention
+/// output rotated back the same way. The rotation spreads outlier channels over a block before it is
+/// quantized. `DELTAQ_ATTN_ROT_DISABLE=1` turns it off (llama.cpp: `LLAMA_ATTN_ROT_DISABLE=1`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KvRotation {
+    pub k: usize,
+    pub v: usize,
+}
+
+impl KvRotation {
+    /// The rotation of a `ty` cache with heads of `hd` values, if any: quantized types and head dims
+    /// that are multiples of 64.
+    pub fn of(ty: KvType, hd: usize) -> Option<KvRotation> {
+        static DISABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let disabled = *DISABLED.get_or_init(|| {
+            std::env::var("DELTAQ_ATTN_ROT_DISABLE")
+                .is_ok_and(|v| v.trim().parse::<i64>().unwrap_or(0) != 0)
+        });
+        let quantized = matches!(ty, KvType::Q8_0 | KvType::Q4_0);
+        if disabled || !quantized || hd == 0 || !hd.is_multiple_of(64) {
+            return None;
+        }
+        Some(KvRotation {
+            k: 1 << hd.trailing_zeros(),
+            v: 64,
+        })
+    }
+}
+
 /// One attention layer's KV cache, in the session's [`KvType`].
 #[derive(Clone, Debug)]
 pub enum KvCache {
@@ -338,12 +369,17 @@ pub fn forward(
         &mut [(&w.wq, &mut *qg), (&w.wk, &mut *k), (&w.wv, &mut *v)],
     );
     // q (the first half of every head's pair) normed and rotated in place; the gates stay where they are.
+    // A quantized cache is stored rotated (q·k and Σ p·v are unchanged by an orthonormal rotation).
+    let rot = KvRotation::of(cache.kv_type(), hd);
     for_rows(qg, 2 * nh * hd, |t, qg| {
         let (cos, sin) = rope_pos.cos_sin(t, hp);
         for pair in qg.chunks_exact_mut(2 * hd) {
             let dst = &mut pair[..hd];
             rms_norm(dst, &w.q_norm, hp.rms_eps);
             rope(dst, &cos, &sin);
+            if let Some(rot) = rot {
+                hadamard(dst, rot.k);
+            }
         }
     });
     for_rows(k, nkv * hd, |t, k| {
@@ -351,8 +387,14 @@ pub fn forward(
         for k in k.chunks_exact_mut(hd) {
             rms_norm(k, &w.k_norm, hp.rms_eps);
             rope(k, &cos, &sin);
+            if let Some(rot) = rot {
+                hadamard(k, rot.k);
+            }
         }
     });
+    if let Some(rot) = rot {
+        for_rows(v, nkv * hd, |_, v| hadamard(v, rot.v));
+    }
     cache.push(k, v);
 
     // o[t][j] = Σ_τ softmax_τ(q·k_τ / √hd) v_τ over τ ≤ pos0 + t, KV head m = j / (H/Hkv).
@@ -363,6 +405,9 @@ pub fn forward(
         KvCache::Q4_0(c) => attend_all_blocks(c, qg, nh, nkv, hd, pos0, o),
     }
     for_rows(o, nh * hd, |t, o| {
+        if let Some(rot) = rot {
+            hadamard(o, rot.v); // back from the rotated values
+        }
         for (j, o) in o.chunks_exact_mut(hd).enumerate() {
             sigmoid_mul(o, &qg[(t * nh + j) * 2 * hd + hd..][..hd]);
         }
@@ -598,5 +643,100 @@ mod tests {
             (KvCache::F16(a), KvCache::F16(b)) => assert_eq!((&a.k, &a.v), (&b.k, &b.v)),
             _ => unreachable!(),
         }
+    }
+
+    /// The fast transform is llama.cpp's Sylvester matrix (entries ±1/√n) applied as a product, and
+    /// applying it twice gives back the input.
+    #[test]
+    fn hadamard_is_the_sylvester_rotation() {
+        for n in [64usize, 128, 256] {
+            let x: Vec<f32> = (0..2 * n)
+                .map(|i| ((i * 29) % 53) as f32 / 7.0 - 3.0)
+                .collect();
+            let mut h = vec![0f32; n * n];
+            h[0] = (1.0 / f64::from((n as f32).sqrt())) as f32;
+            let mut s = 1;
+            while s < n {
+                for i in 0..s {
+                    for j in 0..s {
+                        let v = h[i * n + j];
+                        h[(i + s) * n + j] = v;
+                        h[i * n + j + s] = v;
+                        h[(i + s) * n + j + s] = -v;
+                    }
+                }
+                s *= 2;
+            }
+            let mut y = x.clone();
+            hadamard(&mut y, n);
+            for (c, (xc, yc)) in x.chunks(n).zip(y.chunks(n)).enumerate() {
+                for i in 0..n {
+                    let want: f64 = (0..n)
+                        .map(|j| f64::from(h[i * n + j]) * f64::from(xc[j]))
+                        .sum();
+                    assert!(
+                        (f64::from(yc[i]) - want).abs() < 1e-5,
+                        "n={n} chunk {c} row {i}"
+                    );
+                }
+            }
+            hadamard(&mut y, n);
+            for (a, b) in x.iter().zip(&y) {
+                assert!((a - b).abs() < 1e-5, "n={n}: H·H ≠ I");
+            }
+        }
+    }
+
+    /// Quantized caches are rotated by the largest power of two dividing the head (keys) and by 64
+    /// (values); float caches and heads not a multiple of 64 are not (llama.cpp's rule).
+    #[test]
+    fn rotation_follows_llama_cpp() {
+        assert_eq!(
+            KvRotation::of(KvType::Q4_0, 256),
+            Some(KvRotation { k: 256, v: 64 })
+        );
+        assert_eq!(
+            KvRotation::of(KvType::Q8_0, 192),
+            Some(KvRotation { k: 64, v: 64 })
+        );
+        assert_eq!(
+            KvRotation::of(KvType::Q8_0, 128),
+            Some(KvRotation { k: 128, v: 64 })
+        );
+        assert_eq!(KvRotation::of(KvType::Q4_0, 96), None);
+        assert_eq!(KvRotation::of(KvType::F16, 256), None);
+        assert_eq!(KvRotation::of(KvType::F32, 256), None);
+    }
+
+    /// What the rotation is for: a row with one outlier channel loses less to Q4_0 when rotated first
+    /// (the outlier no longer sets the scale of its whole block alone).
+    #[test]
+    fn rotation_lowers_q4_0_error_on_outliers() {
+        use crate::quant::BlockFormat;
+        let n = 256;
+        let x: Vec<f32> = (0..n)
+            .map(|i| {
+                if i == 5 {
+                    40.0
+                } else {
+                    ((i * 37) % 101) as f32 / 50.0 - 1.0
+                }
+            })
+            .collect();
+        let q4_err = |x: &[f32]| {
+            let mut b = vec![BlockQ4_0::zeroed(); n / 32];
+            BlockQ4_0::quantize(x, &mut b);
+            let mut y = vec![0f32; n];
+            BlockQ4_0::dequantize(&b, &mut y);
+            (x.to_vec(), y)
+        };
+        let (x0, y0) = q4_err(&x);
+        let plain: f32 = x0.iter().zip(&y0).map(|(a, b)| (a - b) * (a - b)).sum();
+        let mut r = x.clone();
+        hadamard(&mut r, n);
+        let (_, mut y1) = q4_err(&r);
+        hadamard(&mut y1, n);
+        let rotated: f32 = x.iter().zip(&y1).map(|(a, b)| (a - b) * (a - b)).sum();
+        assert!(rotated < 0.75 * plain, "rotated {rotated} vs plain {plain}");
     }
 }
