@@ -1134,3 +1134,117 @@ fn few_token_matmul_equals_one_token_bitwise() {
         }
     }
 }
+
+/// Several queries over one KV head at once (the tiled prefill and GQA path) give every query the same
+/// bits as that table's one-query entry, for f32, f16, Q8_0 and Q4_0 caches, queries seeing different
+/// numbers of positions (causal prefill), across score blocks and pages.
+#[test]
+fn attend_many_equals_one_at_a_time() {
+    use deltaq::kernels::attend_quant::attend_quant_many_with;
+    let (hd, nkv, n_all) = (64, 2, 300);
+    let stride = nkv * hd;
+    let n_ctx = [1usize, 300, 128, 129, 7, 255, 256, 300];
+    for k in tables() {
+        for page_rows in [KV_PAGE, 100] {
+            let mut rng = Rng(41 + page_rows as u64);
+            let kf: Vec<f32> = (0..n_all * stride).map(|_| rng.f()).collect();
+            let vf: Vec<f32> = (0..n_all * stride).map(|_| rng.f()).collect();
+            let qs: Vec<f32> = (0..n_ctx.len() * hd).map(|_| 6.0 * rng.f()).collect();
+            fn pages<S: deltaq::kernels::attend::KvStore>(x: &[f32], n: usize) -> Vec<Vec<S>> {
+                x.chunks(n)
+                    .map(|c| {
+                        let mut v = Vec::new();
+                        S::extend_from_f32(&mut v, c);
+                        v
+                    })
+                    .collect()
+            }
+            let scale = 0.125;
+            let (kp, vp) = (
+                pages::<f16>(&kf, page_rows * stride),
+                pages::<f16>(&vf, page_rows * stride),
+            );
+            let (k32, v32) = (
+                pages::<f32>(&kf, page_rows * stride),
+                pages::<f32>(&vf, page_rows * stride),
+            );
+            for m in 0..nkv {
+                let mut many = vec![f32::NAN; qs.len()];
+                let kv = KvPages {
+                    k: &kp,
+                    v: &vp,
+                    page_rows,
+                    stride,
+                    offset: m * hd,
+                };
+                (k.attend_many_f16)(&qs, &n_ctx, kv, scale, &mut many);
+                let kv32 = KvPages {
+                    k: &k32,
+                    v: &v32,
+                    page_rows,
+                    stride,
+                    offset: m * hd,
+                };
+                let mut many32 = vec![f32::NAN; qs.len()];
+                (k.attend_many_f32)(&qs, &n_ctx, kv32, scale, &mut many32);
+                for (i, &n) in n_ctx.iter().enumerate() {
+                    let q = &qs[i * hd..][..hd];
+                    let mut one = vec![f32::NAN; hd];
+                    (k.attend_f16)(q, kv, n, scale, &mut one);
+                    assert_eq!(
+                        &many[i * hd..][..hd],
+                        &one[..],
+                        "{} f16 query {i}",
+                        k.isa.name()
+                    );
+                    (k.attend_f32)(q, kv32, n, scale, &mut one);
+                    assert_eq!(
+                        &many32[i * hd..][..hd],
+                        &one[..],
+                        "{} f32 query {i}",
+                        k.isa.name()
+                    );
+                }
+            }
+            #[allow(clippy::too_many_arguments)]
+            fn quant_case<B: KvBlock>(
+                k: &Kernels,
+                kf: &[f32],
+                vf: &[f32],
+                qs: &[f32],
+                n_ctx: &[usize],
+                page_rows: usize,
+                stride: usize,
+                hd: usize,
+            ) {
+                let (kp, vp) = (
+                    pages::<B>(kf, page_rows * stride),
+                    pages::<B>(vf, page_rows * stride),
+                );
+                let nb = hd / 32;
+                let kv = KvPages {
+                    k: &kp,
+                    v: &vp,
+                    page_rows,
+                    stride: stride / 32,
+                    offset: nb,
+                };
+                let mut many = vec![f32::NAN; qs.len()];
+                attend_quant_many_with(k, qs, n_ctx, kv, 0.125, &mut many);
+                for (i, &n) in n_ctx.iter().enumerate() {
+                    let mut one = vec![f32::NAN; hd];
+                    attend_quant_with(k, &qs[i * hd..][..hd], kv, n, 0.125, &mut one);
+                    assert_eq!(
+                        &many[i * hd..][..hd],
+                        &one[..],
+                        "{} {:?} query {i}",
+                        k.isa.name(),
+                        B::TYPE
+                    );
+                }
+            }
+            quant_case::<BlockQ8_0>(k, &kf, &vf, &qs, &n_ctx, page_rows, stride, hd);
+            quant_case::<BlockQ4_0>(k, &kf, &vf, &qs, &n_ctx, page_rows, stride, hd);
+        }
+    }
+}

@@ -89,10 +89,16 @@ pub trait KvElem: KvStore + Default {
     fn to_f32(self) -> f32;
     /// This type's entry in a kernel table.
     fn attend_entry(k: &Kernels) -> AttendFn<Self>;
+    /// This type's several-query entry in a kernel table.
+    fn attend_many_entry(k: &Kernels) -> AttendManyFn<Self>;
 }
 
 /// A kernel table's attention entry for element type `T`: see [`attend`].
 pub type AttendFn<T> = fn(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]);
+
+/// A kernel table's entry for several queries over the same KV head: see [`attend_many`].
+pub type AttendManyFn<T> =
+    fn(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: &mut [f32]);
 
 impl KvStore for f32 {
     const PER: usize = 1;
@@ -108,6 +114,9 @@ impl KvElem for f32 {
     }
     fn attend_entry(k: &Kernels) -> AttendFn<f32> {
         k.attend_f32
+    }
+    fn attend_many_entry(k: &Kernels) -> AttendManyFn<f32> {
+        k.attend_many_f32
     }
 }
 
@@ -128,6 +137,9 @@ impl KvElem for f16 {
     }
     fn attend_entry(k: &Kernels) -> AttendFn<f16> {
         k.attend_f16
+    }
+    fn attend_many_entry(k: &Kernels) -> AttendManyFn<f16> {
+        k.attend_many_f16
     }
 }
 
@@ -153,6 +165,42 @@ pub fn attend_ref<T: KvElem>(
     })
 }
 
+/// [`attend`] for `n_ctx.len()` queries over the same KV head at once: query `i` is
+/// `qs[i·hd..][..hd]`, sees the first `n_ctx[i]` positions and writes `out[i·hd..][..hd]`. Each block of
+/// keys and values is read once for all the queries (from cache for all but the first), which is what
+/// makes prefill at depth and GQA groups cheap; every query's result is bit-identical to [`attend`]'s.
+pub fn attend_many<T: KvElem>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let _ftz = super::fpenv::FlushDenormals::new();
+    T::attend_many_entry(super::kernels())(qs, n_ctx, kv, scale, out)
+}
+
+/// The scalar reference of every table's several-query entry.
+pub fn attend_many_ref<T: KvElem>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = check_many(qs, n_ctx, &kv, out);
+    body_many(
+        qs,
+        n_ctx,
+        kv,
+        scale,
+        out,
+        hd,
+        |_, q, k| dot_ref(q, k),
+        |y, w, v, stride| each_row(y, w, v, stride, axpy_ref),
+    )
+}
+
 /// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`, row by row through `axpy`: the
 /// block form of an `axpy`, for the tables that have no register-blocked one.
 #[inline(always)]
@@ -173,6 +221,26 @@ pub(crate) fn each_row<T>(
 pub(crate) fn check<T>(q: &[f32], kv: &KvPages<'_, T>, n_ctx: usize, out: &[f32]) {
     assert_eq!(out.len(), q.len(), "attend: output and query lengths");
     kv.check(q.len(), n_ctx);
+}
+
+/// Shape checks of a several-query entry; returns the head length.
+pub(crate) fn check_many<T>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: &KvPages<'_, T>,
+    out: &[f32],
+) -> usize {
+    let nq = n_ctx.len();
+    assert!(nq > 0, "attend_many: no queries");
+    let hd = qs.len() / nq;
+    assert!(
+        hd * nq == qs.len() && out.len() == qs.len(),
+        "attend_many: {nq} queries, {} query and {} output values",
+        qs.len(),
+        out.len()
+    );
+    kv.check(hd, n_ctx.iter().copied().max().unwrap_or(0));
+    hd
 }
 
 /// `Σ a_i · b_i` in the association of an 8-lane SIMD dot product ([`super::ops::dot_widened`]).
@@ -214,46 +282,88 @@ pub(crate) fn body_units<T: Copy>(
     out: &mut [f32],
     hd: usize,
     dot: impl Fn(&[f32], &[T]) -> f32,
+    axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
+) {
+    body_many(
+        q,
+        &[n_ctx],
+        kv,
+        scale,
+        out,
+        hd,
+        |_, q, k| dot(q, k),
+        axpy_rows,
+    )
+}
+
+/// The streaming softmax of several queries over the same KV head (`hd` units per head; query `i` is
+/// `qs[i·len..][..len]` with `len = qs.len() / n_ctx.len()` values and sees `n_ctx[i]` positions;
+/// `dot(i, q, key)` scores query `i`). The loops run block of positions by block, and within a block
+/// query by query: each query takes exactly the steps, in the same order, that it would alone.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn body_many<T: Copy>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    hd: usize,
+    dot: impl Fn(usize, &[f32], &[T]) -> f32,
     mut axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
 ) {
     let (stride, off) = (kv.stride, kv.offset);
+    let nq = n_ctx.len();
+    let len = qs.len() / nq;
+    let n_all = n_ctx.iter().copied().max().unwrap_or(0);
     out.fill(0.0);
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0f64);
+    // Per query: the running maximum and normalizer.
+    let mut state = vec![(f32::NEG_INFINITY, 0f64); nq];
     let mut s = [0f32; BLOCK];
     let mut w = [0f32; BLOCK];
     for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
         let p0 = p * kv.page_rows;
-        if p0 >= n_ctx {
+        if p0 >= n_all {
             break;
         }
-        let rows = kv.page_rows.min(n_ctx - p0);
+        let rows = kv.page_rows.min(n_all - p0);
         for b0 in (0..rows).step_by(BLOCK) {
-            let s = &mut s[..BLOCK.min(rows - b0)];
-            let mut block_max = f32::NEG_INFINITY;
-            for (i, s) in s.iter_mut().enumerate() {
-                *s = dot(q, &kp[(b0 + i) * stride + off..][..hd]) * scale;
-                block_max = block_max.max(*s);
+            for (i, (&n, (max, sum))) in n_ctx.iter().zip(state.iter_mut()).enumerate() {
+                // This query's rows in the page, as it would count them alone.
+                let rows_i = kv.page_rows.min(n.saturating_sub(p0));
+                if b0 >= rows_i {
+                    continue;
+                }
+                let (q, out) = (&qs[i * len..][..len], &mut out[i * len..][..len]);
+                let s = &mut s[..BLOCK.min(rows_i - b0)];
+                let mut block_max = f32::NEG_INFINITY;
+                for (r, s) in s.iter_mut().enumerate() {
+                    *s = dot(i, q, &kp[(b0 + r) * stride + off..][..hd]) * scale;
+                    block_max = block_max.max(*s);
+                }
+                if block_max > *max {
+                    // Everything so far was weighted by e^{−max}; move it to the new maximum.
+                    let c = (*max - block_max).exp();
+                    out.iter_mut().for_each(|o| *o *= c);
+                    *sum *= c as f64;
+                    *max = block_max;
+                }
+                // The block's weights first, then all its value rows in one pass over `out` (each
+                // element still takes the rows in order: the same sums as one row at a time).
+                let w = &mut w[..s.len()];
+                for (w, s) in w.iter_mut().zip(s.iter()) {
+                    *w = (s - *max).exp();
+                    *sum += *w as f64;
+                }
+                let rows_v = &vp[b0 * stride + off..][..(w.len() - 1) * stride + hd];
+                axpy_rows(out, w, rows_v, stride);
             }
-            if block_max > max {
-                // Everything so far was weighted by e^{−max}; move it to the new maximum.
-                let c = (max - block_max).exp();
-                out.iter_mut().for_each(|o| *o *= c);
-                sum *= c as f64;
-                max = block_max;
-            }
-            // The block's weights first, then all its value rows in one pass over `out` (each
-            // element still takes the rows in order: the same sums as one row at a time).
-            let w = &mut w[..s.len()];
-            for (w, s) in w.iter_mut().zip(s.iter()) {
-                *w = (s - max).exp();
-                sum += *w as f64;
-            }
-            let rows_v = &vp[b0 * stride + off..][..(w.len() - 1) * stride + hd];
-            axpy_rows(out, w, rows_v, stride);
         }
     }
-    let inv = (1.0 / sum) as f32;
-    out.iter_mut().for_each(|o| *o *= inv);
+    for ((_, sum), out) in state.iter().zip(out.chunks_exact_mut(len)) {
+        let inv = (1.0 / sum) as f32;
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use bytemuck::Zeroable;
 
-use super::attend::{body_units, KvPages, KvStore};
+use super::attend::{body_many, KvPages, KvStore};
 use super::dispatch::Kernels;
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ8_0, GgmlType};
 
@@ -65,27 +65,62 @@ pub fn attend_quant_with<B: KvBlock>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let hd = q.len();
+    attend_quant_many_with(k, q, &[n_ctx], kv, scale, out)
+}
+
+/// [`attend_quant`] for several queries over the same KV head, as
+/// [`attend_many`](super::attend::attend_many): each block of the cache is read once for all of them.
+pub fn attend_quant_many<B: KvBlock>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, B>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let _ftz = super::fpenv::FlushDenormals::new();
+    attend_quant_many_with(super::kernels(), qs, n_ctx, kv, scale, out)
+}
+
+/// [`attend_quant_many`] through table `k`; query `i` alone gives the same bits as
+/// [`attend_quant_with`].
+pub fn attend_quant_many_with<B: KvBlock>(
+    k: &Kernels,
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, B>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let nq = n_ctx.len();
     assert!(
-        hd.is_multiple_of(B::BLOCK) && out.len() == hd,
+        nq > 0 && qs.len().is_multiple_of(nq),
+        "attend_quant: {nq} queries of {} values",
+        qs.len()
+    );
+    let hd = qs.len() / nq;
+    assert!(
+        hd.is_multiple_of(B::BLOCK) && out.len() == qs.len(),
         "attend_quant: head of {hd} elements"
     );
     let nb = hd / B::BLOCK;
-    kv.check(nb, n_ctx);
-    let mut qq = vec![BlockQ8_0::zeroed(); nb];
-    (k.quantize_act)(GgmlType::Q8_0, q, bytemuck::cast_slice_mut(&mut qq));
-    let qq: &[u8] = bytemuck::cast_slice(&qq);
+    kv.check(nb, n_ctx.iter().copied().max().unwrap_or(0));
+    // Every query quantized to Q8_0 once.
+    let mut qq = vec![BlockQ8_0::zeroed(); nb * nq];
+    for (q, qq) in qs.chunks_exact(hd).zip(qq.chunks_exact_mut(nb)) {
+        (k.quantize_act)(GgmlType::Q8_0, q, bytemuck::cast_slice_mut(qq));
+    }
     let mut row = vec![0f32; hd];
-    body_units(
-        q,
-        kv,
+    body_many(
+        qs,
         n_ctx,
+        kv,
         scale,
         out,
         nb,
-        |_, key: &[B]| {
+        |i, _, key: &[B]| {
             let mut s = [0f32];
-            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(key), qq, 1, &mut s);
+            let qi: &[u8] = bytemuck::cast_slice(&qq[i * nb..][..nb]);
+            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(key), qi, 1, &mut s);
             s[0]
         },
         |y: &mut [f32], w: &[f32], v: &[B], stride: usize| {

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use super::attend::AttendFn;
+use super::attend::{AttendFn, AttendManyFn};
 use crate::quant::GgmlType;
 
 /// An instruction-set path.
@@ -61,6 +61,10 @@ pub struct Kernels {
     pub attend_f32: AttendFn<f32>,
     /// The same over an f16 KV cache (rows widened to f32 as they are read).
     pub attend_f16: AttendFn<f16>,
+    /// Several queries over one KV head of an f32 cache ([`super::attend::attend_many`]).
+    pub attend_many_f32: AttendManyFn<f32>,
+    /// The same over an f16 cache.
+    pub attend_many_f16: AttendManyFn<f16>,
     /// The element-wise and per-row ops of the model blocks ([`super::ops`]).
     pub ops: OpsFns,
 }

@@ -1,6 +1,6 @@
 //! The scalar reference kernels: every SIMD path is tested against these.
 
-use super::attend::attend_ref;
+use super::attend::{attend_many_ref, attend_ref};
 use super::dispatch::{Isa, Kernels, OpsFns};
 use super::ops::{axpy, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
@@ -13,6 +13,8 @@ pub static KERNELS: Kernels = Kernels {
     quantize_act,
     attend_f32: attend_ref::<f32>,
     attend_f16: attend_ref::<half::f16>,
+    attend_many_f32: attend_many_ref::<f32>,
+    attend_many_f16: attend_many_ref::<half::f16>,
     ops: OPS,
 };
 

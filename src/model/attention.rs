@@ -8,8 +8,8 @@ use rayon::prelude::*;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use super::{carve, for_rows};
-use crate::kernels::attend::{attend, KvElem, KvPages, KvStore};
-use crate::kernels::attend_quant::{attend_quant, KvBlock};
+use crate::kernels::attend::{attend_many, KvElem, KvPages, KvStore};
+use crate::kernels::attend_quant::{attend_quant_many, KvBlock};
 use crate::kernels::ops::{hadamard, rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 use crate::quant::{BlockQ4_0, BlockQ8_0};
@@ -427,17 +427,14 @@ fn attend_all<T: KvElem>(
     pos0: usize,
     o: &mut [f32],
 ) {
-    let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, j) = (idx / nh, idx % nh);
-        let q = &qg[idx * 2 * hd..][..hd];
-        attend(q, c.head(j / group, hd), pos0 + t + 1, scale, o);
+    attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
+        attend_many(qs, n_ctx, c.head(m, hd), scale, out)
     });
 }
 
 /// [`attend_all`] over a cache of blocks: the query quantized to Q8_0 for the key dot products, the
-/// value rows dequantized as they are read ([`attend_quant`]).
+/// value rows dequantized as they are read ([`attend_quant_many`]).
 fn attend_all_blocks<B: KvBlock>(
     c: &KvPaged<B>,
     qg: &[f32],
@@ -447,13 +444,72 @@ fn attend_all_blocks<B: KvBlock>(
     pos0: usize,
     o: &mut [f32],
 ) {
-    let group = nh / nkv;
     let scale = 1.0 / (hd as f32).sqrt();
-    o.par_chunks_mut(hd).enumerate().for_each(|(idx, o)| {
-        let (t, j) = (idx / nh, idx % nh);
-        let q = &qg[idx * 2 * hd..][..hd];
-        attend_quant(q, c.head(j / group, hd / B::BLOCK), pos0 + t + 1, scale, o);
+    attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
+        attend_quant_many(qs, n_ctx, c.head(m, hd / B::BLOCK), scale, out)
     });
+}
+
+/// Tokens per attention tile: with a GQA group of 4 heads, 64 queries read each block of keys and
+/// values while it is in cache.
+const TILE_TOKENS: usize = 16;
+
+/// Splits the queries into tiles that share a KV head (a few tokens × the heads of a GQA group, or
+/// part of it when there are too few tiles to keep every thread busy, as in decoding), runs
+/// `run(kv_head, queries, n_ctx, out)` on each in parallel and puts the results in `o`. Every query is
+/// computed exactly as alone ([`attend_many`]), so the tiling never changes a bit of the output.
+fn attend_tiles(
+    qg: &[f32],
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    pos0: usize,
+    o: &mut [f32],
+    run: impl Fn(usize, &[f32], &[usize], &mut [f32]) + Sync,
+) {
+    let n_tok = o.len() / (nh * hd);
+    let group = nh / nkv;
+    let token_tiles = n_tok.div_ceil(TILE_TOKENS);
+    let mut heads = group;
+    while heads > 1 && nkv * token_tiles * group.div_ceil(heads) < rayon::current_num_threads() {
+        heads = heads.div_ceil(2);
+    }
+    let head_tiles = group.div_ceil(heads);
+    // Tile (m, tt, ht): KV head m, tokens tt·16.., heads m·group + ht·heads.. of its group.
+    let tiles: Vec<(usize, usize, usize)> = (0..nkv)
+        .flat_map(|m| {
+            (0..token_tiles).flat_map(move |tt| (0..head_tiles).map(move |ht| (m, tt, ht)))
+        })
+        .collect();
+    let results: Vec<Vec<f32>> = tiles
+        .par_iter()
+        .map(|&(m, tt, ht)| {
+            let toks = tt * TILE_TOKENS..((tt + 1) * TILE_TOKENS).min(n_tok);
+            let hs = m * group + ht * heads..(m * group + (ht + 1) * heads).min((m + 1) * group);
+            let mut qs = Vec::with_capacity(toks.len() * hs.len() * hd);
+            let mut n_ctx = Vec::with_capacity(toks.len() * hs.len());
+            for t in toks.clone() {
+                for j in hs.clone() {
+                    qs.extend_from_slice(&qg[(t * nh + j) * 2 * hd..][..hd]);
+                    n_ctx.push(pos0 + t + 1);
+                }
+            }
+            let mut out = vec![0f32; qs.len()];
+            run(m, &qs, &n_ctx, &mut out);
+            out
+        })
+        .collect();
+    for (&(m, tt, ht), out) in tiles.iter().zip(&results) {
+        let toks = tt * TILE_TOKENS..((tt + 1) * TILE_TOKENS).min(n_tok);
+        let hs = m * group + ht * heads..(m * group + (ht + 1) * heads).min((m + 1) * group);
+        let mut rows = out.chunks_exact(hd);
+        for t in toks {
+            for j in hs.clone() {
+                o[(t * nh + j) * hd..][..hd]
+                    .copy_from_slice(rows.next().expect("one row per query"));
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -95,3 +95,31 @@ pub(super) fn entry<T: Row>(
         },
     )
 }
+
+/// The several-query table entry ([`attend::attend_many`]), as [`entry`].
+pub(super) fn entry_many<T: Row>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    if !hd.is_multiple_of(8) {
+        return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
+    }
+    attend::body_many(
+        qs,
+        n_ctx,
+        kv,
+        scale,
+        out,
+        hd,
+        // SAFETY: as in `entry`.
+        |_, a, b| unsafe { dot(a, b) },
+        |y, w, v, stride| {
+            // SAFETY: as in `entry`.
+            attend::each_row(y, w, v, stride, |y, w, x| unsafe { axpy(y, w, x) })
+        },
+    )
+}

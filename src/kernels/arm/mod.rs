@@ -29,6 +29,8 @@ pub static NEON: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    attend_many_f32: attend::entry_many::<f32>,
+    attend_many_f16: attend::entry_many::<half::f16>,
     ops: ops::OPS,
 };
 
@@ -45,6 +47,8 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quantize_act: quantize::quantize_act,
     attend_f32: attend::entry::<f32>,
     attend_f16: attend::entry::<half::f16>,
+    attend_many_f32: attend::entry_many::<f32>,
+    attend_many_f16: attend::entry_many::<half::f16>,
     ops: ops::OPS,
 };
 

@@ -152,3 +152,42 @@ pub(crate) fn entry<T: Row + attend::KvElem>(
     // (`check` above; the kernel indexes through checked slices anyway).
     unsafe { run(q, kv, n_ctx, scale, out) }
 }
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_many<T: Row>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    hd: usize,
+) {
+    attend::body_many(
+        qs,
+        n_ctx,
+        kv,
+        scale,
+        out,
+        hd,
+        // SAFETY: as in `run`.
+        |_, a, b| unsafe { dot(a, b) },
+        // SAFETY: as in `run`.
+        |y, w, v, stride| unsafe { axpy_rows(y, w, v, stride) },
+    )
+}
+
+/// The several-query table entry ([`attend::attend_many`]), as [`entry`].
+pub(crate) fn entry_many<T: Row + attend::KvElem>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    if !hd.is_multiple_of(8) {
+        return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
+    }
+    // SAFETY: as in `entry`: the tables holding this entry exist only on CPUs with AVX2, FMA and F16C.
+    unsafe { run_many(qs, n_ctx, kv, scale, out, hd) }
+}
