@@ -67,8 +67,8 @@ entries! {
     q4_k => Q4K, 4, 4, 4;
     q5_k => Q5K, 4, 4, 4;
     q6_k => Q6K, 4, 4, 4;
-    iq3_xxs => Iq3Xxs, 4, 4, 4;
-    iq3_s => Iq3S, 4, 4, 4;
+    iq3_xxs => Iq3Xxs, 4, 1, 16;
+    iq3_s => Iq3S, 4, 1, 16;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {

@@ -6,6 +6,9 @@
 //! `dot_u8i8_s16` with the chunk's odd scale `2s + 1` as the i16 factor accumulates
 //! `Σ scale·|g|·(±y)` exactly in i32 (pair sums ≤ 2·62·127 fit an i16). Per block and token the exact sum
 //! is scaled by `d_x·d_y` in f32; IQ3_XXS's factor 1/4 is applied once per row, as in ggml.
+//!
+//! Unpacking a block (the gathers and sign masks) costs more than its dot product with one token, so
+//! the prefill tiles are one row × 16 tokens: each block is unpacked once per 16 tokens.
 
 use core::arch::x86_64::*;
 
