@@ -193,3 +193,49 @@ fn reference_quantizer_round_trips() {
         assert!(err / sig < 0.05, "{ty}: relative error {}", err / sig);
     }
 }
+
+/// Zero and near-zero sub-blocks (IQ3_S's shifted code cursors, IQ3_XXS's 1e-8 threshold, all-zero
+/// super-blocks): blk.0.ffn_up.weight edited as tools/make-iq3-edge-vectors.sh does, against
+/// llama-quantize (tests/fixtures/imatrix/quant/edge-IQ3.tsv).
+#[test]
+fn zero_sub_blocks_equal_llama_quantize() {
+    let model = GgufFile::open(fixture("shared/tiny-r2/tiny-r2-F32.gguf")).unwrap();
+    let name = "blk.0.ffn_up.weight";
+    let (t, data) = model.tensor_by_name(name).unwrap();
+    let ne0 = t.ne[0] as usize;
+    let mut x = f32s(data);
+    for (row, xr) in x.chunks_exact_mut(ne0).enumerate() {
+        for blk in xr.chunks_exact_mut(256) {
+            match row % 4 {
+                0 => {
+                    blk[32..64].fill(0.0);
+                    blk[128..160].fill(0.0);
+                }
+                1 => {
+                    for r in [64..96, 192..224] {
+                        blk[r].iter_mut().for_each(|v| *v *= 1e-10);
+                    }
+                }
+                _ => {}
+            }
+        }
+        if row % 4 == 2 {
+            xr[..256].fill(0.0);
+        }
+    }
+    let imx = imatrix();
+    let text = std::fs::read_to_string(fixture("imatrix/quant/edge-IQ3.tsv")).unwrap();
+    let mut checked = 0;
+    for line in text.lines() {
+        let cols: Vec<&str> = line.split('\t').collect();
+        let qw = (cols[0] == "imatrix").then(|| imx[name].as_slice());
+        let bytes = match cols[1] {
+            "IQ3_XXS" => quantize_tensor::<BlockIQ3XXS>(&x, ne0, qw),
+            "IQ3_S" => quantize_tensor::<BlockIQ3S>(&x, ne0, qw),
+            other => panic!("type {other}"),
+        };
+        assert_eq!(hex(Sha256::digest(&bytes)), cols[2], "{line}");
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}
