@@ -17,7 +17,7 @@ use deltaq::model::KV_PAGE;
 use deltaq::quant::{self, BlockQ4_0, BlockQ8_0, GgmlType};
 use half::f16;
 
-const QUANT_TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
+const QUANT_TYPES: [GgmlType; 12] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
@@ -52,6 +52,7 @@ fn scalar() -> &'static Kernels {
 fn f16_fields(ty: GgmlType) -> &'static [usize] {
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S => &[0],
         GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
@@ -73,6 +74,9 @@ fn code_bytes(ty: GgmlType) -> std::ops::Range<usize> {
         GgmlType::Q4_K => 16..144,
         GgmlType::Q5_K => 16..176,
         GgmlType::Q6_K => 0..192,
+        GgmlType::IQ3_XXS => 2..98,
+        // qs, qh and signs (the four scale bytes follow).
+        GgmlType::IQ3_S => 2..106,
         _ => unreachable!(),
     }
 }

@@ -108,6 +108,8 @@ macro_rules! dispatch {
             GgmlType::Q5_K => $f::<BlockQ5K>($($arg),*),
             GgmlType::Q6_K => $f::<BlockQ6K>($($arg),*),
             GgmlType::Q8_K => $f::<BlockQ8K>($($arg),*),
+            GgmlType::IQ3_XXS => $f::<iq::BlockIQ3XXS>($($arg),*),
+            GgmlType::IQ3_S => $f::<iq::BlockIQ3S>($($arg),*),
             other => Err(QuantError::Unsupported(other, $what)),
         }
     };

@@ -6,7 +6,7 @@ use super::*;
 use crate::kernels::scalar;
 use crate::quant::{self, f16_from_f32};
 
-const QUANT_TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
+const QUANT_TYPES: [GgmlType; 12] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
@@ -39,6 +39,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q3_K => &[108],
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ3_XXS | GgmlType::IQ3_S => &[0],
         _ => &[],
     }
 }

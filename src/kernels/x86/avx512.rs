@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::{Iq3S, Iq3Xxs, Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
@@ -69,6 +69,8 @@ entries! {
     q4_k => Q4K, 4, 4, 4;
     q5_k => Q5K, 4, 4, 4;
     q6_k => Q6K, 4, 4, 4;
+    iq3_xxs => Iq3Xxs, 4, 1, 16;
+    iq3_s => Iq3S, 4, 1, 16;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
@@ -83,6 +85,8 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
         GgmlType::Q6_K => q6_k,
+        GgmlType::IQ3_XXS => iq3_xxs,
+        GgmlType::IQ3_S => iq3_s,
         other => panic!("quant_rows called with {other}"),
     };
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed

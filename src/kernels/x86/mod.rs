@@ -20,6 +20,7 @@ mod attend;
 pub mod avx2;
 pub mod avx512;
 mod float;
+mod iq3;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
@@ -381,6 +382,7 @@ macro_rules! kgemm_entry {
 pub(crate) use kgemm_entry;
 
 pub(crate) use float::float_rows;
+pub(crate) use iq3::{Iq3S, Iq3Xxs};
 pub(crate) use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
 pub(crate) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 pub(crate) use quantize::quantize_act;
@@ -408,6 +410,8 @@ mod tests {
             GgmlType::Q4_K => quant_rows::<Avx2, Q4K, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::Q5_K => quant_rows::<Avx2, Q5K, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::Q6_K => quant_rows::<Avx2, Q6K, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::IQ3_XXS => quant_rows::<Avx2, Iq3Xxs, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::IQ3_S => quant_rows::<Avx2, Iq3S, 4, 4, 4>(w, a, n_tok, out),
             _ => unreachable!(),
         }
     }

@@ -3,5 +3,8 @@
 
 pub mod blocks;
 pub mod grids;
+mod iq3s;
+mod iq3xxs;
+mod lattice3;
 
 pub use blocks::*;
