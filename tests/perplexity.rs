@@ -55,6 +55,9 @@ fn quantize(src: &Path, ty: FileType) -> PathBuf {
         keep: Vec::new(),
         overwrite: false,
         progress: false,
+        imatrix: None,
+        token_embedding_type: None,
+        output_tensor_type: None,
     };
     quantize_file(src, &out, &opts).unwrap();
     out

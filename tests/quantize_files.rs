@@ -27,6 +27,9 @@ fn check(reference: &str, ftype: FileType, pure: bool) {
         keep: vec![],
         overwrite: false,
         progress: false,
+        imatrix: None,
+        token_embedding_type: None,
+        output_tensor_type: None,
     };
     quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap();
     let ours = GgufFile::open(&out).unwrap();
@@ -107,6 +110,9 @@ fn refuses_to_overwrite_and_leaves_no_partial_file() {
         keep: vec![],
         overwrite: false,
         progress: false,
+        imatrix: None,
+        token_embedding_type: None,
+        output_tensor_type: None,
     };
     let e = quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap_err();
     assert!(e.to_string().contains("exists"), "{e}");
@@ -131,6 +137,9 @@ fn keep_pattern_leaves_tensors_alone() {
         keep: vec!["attn_qkv".into(), "blk.*.ssm_out.weight".into()],
         overwrite: false,
         progress: false,
+        imatrix: None,
+        token_embedding_type: None,
+        output_tensor_type: None,
     };
     quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap();
     let f = GgufFile::open(&out).unwrap();

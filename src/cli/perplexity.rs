@@ -156,6 +156,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 keep: Vec::new(),
                 overwrite: true,
                 progress: true,
+                imatrix: None,
+                token_embedding_type: None,
+                output_tensor_type: None,
             };
             quantize_file(src, &out, &opts)
                 .with_context(|| format!("quantizing {} to {ty}", src.display()))?;

@@ -1,6 +1,7 @@
 use std::path::PathBuf;
 
-use deltaq::quantize::{quantize_file, FileType, QuantizeOptions};
+use deltaq::quant::GgmlType;
+use deltaq::quantize::{quantize_file, FileType, ImatrixOptions, QuantizeOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -8,8 +9,9 @@ pub struct Args {
     input: PathBuf,
     /// Output GGUF file
     output: PathBuf,
-    /// Target mixture, as llama-quantize names it: Q2_K, Q3_K_S, Q3_K_M, Q3_K_L, Q4_0, Q4_1, Q5_0, Q5_1,
-    /// Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, Q8_0, F16, BF16, F32
+    /// Target mixture, as llama-quantize names it: Q2_K, Q2_K_S, Q3_K_S, Q3_K_M, Q3_K_L, Q4_0, Q4_1, Q5_0,
+    /// Q5_1, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, Q8_0, F16, BF16, F32, and (with --imatrix for most)
+    /// IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0
     #[arg(value_parser = parse_ftype)]
     ftype: FileType,
     /// Give every quantizable tensor the base type (no per-tensor mixture)
@@ -18,6 +20,26 @@ pub struct Args {
     /// Leave tensors matching PATTERN (substring, or glob with *) unquantized; repeatable
     #[arg(long = "keep-f32", value_name = "PATTERN")]
     keep: Vec<String>,
+    /// Importance matrix (llama-imatrix's GGUF or legacy .dat file) to weight the quantization error by
+    #[arg(long, value_name = "FILE")]
+    imatrix: Option<PathBuf>,
+    /// Use the importance matrix only for tensors whose name contains NAME; repeatable
+    #[arg(
+        long = "include-weights",
+        value_name = "NAME",
+        requires = "imatrix",
+        conflicts_with = "exclude"
+    )]
+    include: Vec<String>,
+    /// Do not use the importance matrix for tensors whose name contains NAME; repeatable
+    #[arg(long = "exclude-weights", value_name = "NAME", requires = "imatrix")]
+    exclude: Vec<String>,
+    /// Type of token_embd.weight, whatever the mixture (a ggml type name: q4_K, Q8_0, ...)
+    #[arg(long, value_name = "TYPE", value_parser = parse_ggml_type)]
+    token_embedding_type: Option<GgmlType>,
+    /// Type of output.weight, whatever the mixture
+    #[arg(long, value_name = "TYPE", value_parser = parse_ggml_type)]
+    output_tensor_type: Option<GgmlType>,
     /// Overwrite an existing output file
     #[arg(long)]
     force: bool,
@@ -30,6 +52,14 @@ fn parse_ftype(s: &str) -> Result<FileType, String> {
     })
 }
 
+fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(s)
+        .filter(|t| {
+            t.block_size() > 1 || matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+        })
+        .ok_or_else(|| format!("unknown tensor type '{s}'"))
+}
+
 pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = QuantizeOptions {
         ftype: a.ftype,
@@ -37,6 +67,13 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         keep: a.keep,
         overwrite: a.force,
         progress: true,
+        imatrix: a.imatrix.map(|path| ImatrixOptions {
+            path,
+            include: a.include,
+            exclude: a.exclude,
+        }),
+        token_embedding_type: a.token_embedding_type,
+        output_tensor_type: a.output_tensor_type,
     };
     let s = quantize_file(&a.input, &a.output, &opts)?;
     eprintln!(

@@ -176,7 +176,7 @@ pub fn convert(dir: &Path, output: &Path, opts: &ConvertOptions) -> anyhow::Resu
         let mut plan = Vec::with_capacity(names.len());
         for n in &names {
             let t = by_name.remove(n).expect("listed");
-            let ty = recipe.choose(n, &t.ne).unwrap_or(GgmlType::F32);
+            let ty = recipe.choose(n, &t.ne)?.unwrap_or(GgmlType::F32);
             plan.push(Planned {
                 source: Box::new(t),
                 ty,

@@ -7,6 +7,8 @@
 use super::*;
 use std::array::from_fn;
 
+mod imatrix;
+
 const QK: usize = 32;
 const HALF: usize = QK / 2;
 

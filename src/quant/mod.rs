@@ -15,7 +15,10 @@ pub use float::{BF16, F16, F32};
 pub use kquants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K};
 pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1};
 pub use numeric::{bf16_from_f32, f16_from_f32, f32_from_bf16, f32_from_f16, nearest_int};
-pub use row::{dequantize_row, quantize_row, vec_dot_row, QuantError};
+pub use row::{
+    dequantize_row, quantize_requires_imatrix, quantize_row, quantize_row_imatrix, vec_dot_row,
+    QuantError,
+};
 
 /// Elements in a K-quant super-block.
 pub const QK_K: usize = 256;

@@ -8,6 +8,10 @@ pub enum QuantError {
     BadLength { ty: GgmlType, what: String },
     #[error("type {0} has no {1}")]
     Unsupported(GgmlType, &'static str),
+    #[error("quantizing to {0} is not implemented yet")]
+    NotImplemented(GgmlType),
+    #[error("quantizing to {0} needs an importance matrix (--imatrix)")]
+    NeedsImatrix(GgmlType),
 }
 
 fn bad(ty: GgmlType, what: String) -> QuantError {
@@ -128,4 +132,160 @@ pub fn quantize_row(ty: GgmlType, x: &[f32], out: &mut [u8]) -> Result<(), Quant
 /// Scalar reference dot product of a weight row (`ty`) with activations already in `ty.vec_dot_type()`.
 pub fn vec_dot_row(ty: GgmlType, w: &[u8], a: &[u8]) -> Result<f32, QuantError> {
     dispatch!(ty, dot, "dot product", w, a)
+}
+
+/// ggml's `ggml_quantize_requires_imatrix`: the types whose quantizer cannot run without importance weights.
+pub fn quantize_requires_imatrix(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ1_S)
+}
+
+fn quant_imatrix<B: ImatrixQuantize>(
+    x: &[f32],
+    qw: Option<&[f32]>,
+    out: &mut [u8],
+) -> Result<(), QuantError> {
+    let size = std::mem::size_of::<B>();
+    if !x.len().is_multiple_of(B::BLOCK) || out.len() != x.len() / B::BLOCK * size {
+        return Err(bad(
+            B::TYPE,
+            format!(
+                "{} floats cannot be quantized into {} bytes (block of {})",
+                x.len(),
+                out.len(),
+                B::BLOCK
+            ),
+        ));
+    }
+    if let Some(w) = qw.filter(|w| w.len() != x.len()) {
+        return Err(bad(
+            B::TYPE,
+            format!("{} importance weights for a row of {}", w.len(), x.len()),
+        ));
+    }
+    match bytemuck::try_cast_slice_mut::<u8, B>(out) {
+        Ok(dst) => B::quantize_row_imatrix(x, qw, dst),
+        Err(_) => {
+            let mut tmp = vec![B::zeroed(); x.len() / B::BLOCK];
+            B::quantize_row_imatrix(x, qw, &mut tmp);
+            out.copy_from_slice(bytemuck::cast_slice(&tmp));
+        }
+    }
+    Ok(())
+}
+
+/// Quantizes exactly one row `x` to `ty` as llama-quantize does (`ggml_quantize_chunk`), with the row's
+/// importance weights `qw` (one per column) when given. Some formats use statistics of the whole row, so
+/// `x` must be one row, not several. Float types ignore the weights.
+pub fn quantize_row_imatrix(
+    ty: GgmlType,
+    x: &[f32],
+    qw: Option<&[f32]>,
+    out: &mut [u8],
+) -> Result<(), QuantError> {
+    if qw.is_none() && quantize_requires_imatrix(ty) {
+        return Err(QuantError::NeedsImatrix(ty));
+    }
+    match ty {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => quantize_row(ty, x, out),
+        GgmlType::Q4_0 => quant_imatrix::<BlockQ4_0>(x, qw, out),
+        GgmlType::Q4_1 => quant_imatrix::<BlockQ4_1>(x, qw, out),
+        GgmlType::Q5_0 => quant_imatrix::<BlockQ5_0>(x, qw, out),
+        GgmlType::Q5_1 => quant_imatrix::<BlockQ5_1>(x, qw, out),
+        GgmlType::Q8_0 => quant_imatrix::<BlockQ8_0>(x, qw, out),
+        GgmlType::Q2_K => quant_imatrix::<BlockQ2K>(x, qw, out),
+        GgmlType::Q3_K => quant_imatrix::<BlockQ3K>(x, qw, out),
+        GgmlType::Q4_K => quant_imatrix::<BlockQ4K>(x, qw, out),
+        GgmlType::Q5_K => quant_imatrix::<BlockQ5K>(x, qw, out),
+        GgmlType::Q6_K => quant_imatrix::<BlockQ6K>(x, qw, out),
+        GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::IQ4_NL
+        | GgmlType::IQ4_XS
+        | GgmlType::TQ1_0
+        | GgmlType::TQ2_0 => Err(QuantError::NotImplemented(ty)),
+        other => Err(QuantError::Unsupported(other, "quantizer")),
+    }
+}
+
+#[cfg(test)]
+mod imatrix_tests {
+    use super::*;
+
+    fn row(n: usize, offset: f32) -> Vec<f32> {
+        (0..n)
+            .map(|i| 0.1 + 2.0 * (i as f32 + offset).cos() * (1.0 + (i % 7) as f32))
+            .collect()
+    }
+
+    const TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
+
+    #[test]
+    fn without_weights_equals_the_reference_quantizer() {
+        for ty in TYPES {
+            for offset in [0.0, 1.0, 0.37] {
+                let x = row(1024, offset);
+                let n = ty.row_bytes(1024).unwrap() as usize;
+                let (mut a, mut b) = (vec![0u8; n], vec![0u8; n]);
+                quantize_row(ty, &x, &mut a).unwrap();
+                quantize_row_imatrix(ty, &x, None, &mut b).unwrap();
+                assert_eq!(a, b, "{ty}");
+            }
+        }
+    }
+
+    #[test]
+    fn weighted_quantizers_round_trip() {
+        // Weights change the bytes (Q8_0 excepted) but not the quality class of the result.
+        for ty in TYPES {
+            let x = row(512, 0.5);
+            let w: Vec<f32> = (0..512).map(|i| 0.5 + (i % 13) as f32).collect();
+            let n = ty.row_bytes(512).unwrap() as usize;
+            let (mut plain, mut weighted) = (vec![0u8; n], vec![0u8; n]);
+            quantize_row(ty, &x, &mut plain).unwrap();
+            quantize_row_imatrix(ty, &x, Some(&w), &mut weighted).unwrap();
+            assert_eq!(plain == weighted, ty == GgmlType::Q8_0, "{ty}");
+            let mut y = vec![0f32; 512];
+            dequantize_row(ty, &weighted, &mut y).unwrap();
+            let err: f32 = x.iter().zip(&y).map(|(a, b)| (a - b).abs()).sum::<f32>() / 512.0;
+            let scale: f32 = x.iter().map(|a| a.abs()).sum::<f32>() / 512.0;
+            // (2-bit Q2_K on this fast-oscillating row: about 0.26.)
+            let limit = if ty == GgmlType::Q2_K { 0.4 } else { 0.25 };
+            assert!(
+                err < limit * scale,
+                "{ty}: mean error {err} for mean |x| {scale}"
+            );
+        }
+    }
+
+    #[test]
+    fn zero_rows_and_bad_lengths() {
+        for ty in TYPES {
+            let n = ty.row_bytes(256).unwrap() as usize;
+            let mut out = vec![0xAAu8; n];
+            quantize_row_imatrix(ty, &[0.0; 256], Some(&[1.0; 256]), &mut out).unwrap();
+            let mut y = vec![1f32; 256];
+            dequantize_row(ty, &out, &mut y).unwrap();
+            assert!(y.iter().all(|&v| v == 0.0), "{ty}");
+            assert!(quantize_row_imatrix(ty, &[0.0; 256], Some(&[1.0; 255]), &mut out).is_err());
+            assert!(quantize_row_imatrix(ty, &[0.0; 256], None, &mut out[1..]).is_err());
+        }
+    }
+
+    #[test]
+    fn iq_types_need_weights_or_are_not_implemented() {
+        let mut out = vec![0u8; 1024];
+        assert_eq!(
+            quantize_row_imatrix(GgmlType::IQ2_XXS, &[0.0; 256], None, &mut out[..66]),
+            Err(QuantError::NeedsImatrix(GgmlType::IQ2_XXS))
+        );
+        assert_eq!(
+            quantize_row_imatrix(GgmlType::IQ4_NL, &[0.0; 32], None, &mut out[..18]),
+            Err(QuantError::NotImplemented(GgmlType::IQ4_NL))
+        );
+    }
 }

@@ -15,6 +15,7 @@ pub enum FileType {
     Q5_1,
     Q8_0,
     Q2_K,
+    Q2_K_S,
     Q3_K_S,
     Q3_K_M,
     Q3_K_L,
@@ -23,10 +24,24 @@ pub enum FileType {
     Q5_K_S,
     Q5_K_M,
     Q6_K,
+    IQ1_S,
+    IQ1_M,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
+    IQ2_M,
+    IQ3_XXS,
+    IQ3_XS,
+    IQ3_S,
+    IQ3_M,
+    IQ4_NL,
+    IQ4_XS,
+    TQ1_0,
+    TQ2_0,
 }
 
 impl FileType {
-    pub const ALL: [FileType; 17] = [
+    pub const ALL: [FileType; 32] = [
         FileType::F32,
         FileType::F16,
         FileType::BF16,
@@ -36,6 +51,7 @@ impl FileType {
         FileType::Q5_1,
         FileType::Q8_0,
         FileType::Q2_K,
+        FileType::Q2_K_S,
         FileType::Q3_K_S,
         FileType::Q3_K_M,
         FileType::Q3_K_L,
@@ -44,6 +60,20 @@ impl FileType {
         FileType::Q5_K_S,
         FileType::Q5_K_M,
         FileType::Q6_K,
+        FileType::IQ1_S,
+        FileType::IQ1_M,
+        FileType::IQ2_XXS,
+        FileType::IQ2_XS,
+        FileType::IQ2_S,
+        FileType::IQ2_M,
+        FileType::IQ3_XXS,
+        FileType::IQ3_XS,
+        FileType::IQ3_S,
+        FileType::IQ3_M,
+        FileType::IQ4_NL,
+        FileType::IQ4_XS,
+        FileType::TQ1_0,
+        FileType::TQ2_0,
     ];
 
     /// The `general.file_type` id (`llama_ftype`).
@@ -65,7 +95,22 @@ impl FileType {
             FileType::Q5_K_S => 16,
             FileType::Q5_K_M => 17,
             FileType::Q6_K => 18,
+            FileType::IQ2_XXS => 19,
+            FileType::IQ2_XS => 20,
+            FileType::Q2_K_S => 21,
+            FileType::IQ3_XS => 22,
+            FileType::IQ3_XXS => 23,
+            FileType::IQ1_S => 24,
+            FileType::IQ4_NL => 25,
+            FileType::IQ3_S => 26,
+            FileType::IQ3_M => 27,
+            FileType::IQ2_S => 28,
+            FileType::IQ2_M => 29,
+            FileType::IQ4_XS => 30,
+            FileType::IQ1_M => 31,
             FileType::BF16 => 32,
+            FileType::TQ1_0 => 36,
+            FileType::TQ2_0 => 37,
         }
     }
 
@@ -80,6 +125,7 @@ impl FileType {
             FileType::Q5_1 => "Q5_1",
             FileType::Q8_0 => "Q8_0",
             FileType::Q2_K => "Q2_K",
+            FileType::Q2_K_S => "Q2_K_S",
             FileType::Q3_K_S => "Q3_K_S",
             FileType::Q3_K_M => "Q3_K_M",
             FileType::Q3_K_L => "Q3_K_L",
@@ -88,6 +134,20 @@ impl FileType {
             FileType::Q5_K_S => "Q5_K_S",
             FileType::Q5_K_M => "Q5_K_M",
             FileType::Q6_K => "Q6_K",
+            FileType::IQ1_S => "IQ1_S",
+            FileType::IQ1_M => "IQ1_M",
+            FileType::IQ2_XXS => "IQ2_XXS",
+            FileType::IQ2_XS => "IQ2_XS",
+            FileType::IQ2_S => "IQ2_S",
+            FileType::IQ2_M => "IQ2_M",
+            FileType::IQ3_XXS => "IQ3_XXS",
+            FileType::IQ3_XS => "IQ3_XS",
+            FileType::IQ3_S => "IQ3_S",
+            FileType::IQ3_M => "IQ3_M",
+            FileType::IQ4_NL => "IQ4_NL",
+            FileType::IQ4_XS => "IQ4_XS",
+            FileType::TQ1_0 => "TQ1_0",
+            FileType::TQ2_0 => "TQ2_0",
         }
     }
 
@@ -103,27 +163,36 @@ impl FileType {
         FileType::ALL.into_iter().find(|f| f.name() == alias)
     }
 
-    /// The type of every quantizable tensor that no rule singles out.
+    /// The type of every quantizable tensor that no rule singles out (`llama_ftype_get_default_type`).
     pub fn default_type(self) -> GgmlType {
+        use GgmlType as T;
         match self {
-            FileType::F32 => GgmlType::F32,
-            FileType::F16 => GgmlType::F16,
-            FileType::BF16 => GgmlType::BF16,
-            FileType::Q4_0 => GgmlType::Q4_0,
-            FileType::Q4_1 => GgmlType::Q4_1,
-            FileType::Q5_0 => GgmlType::Q5_0,
-            FileType::Q5_1 => GgmlType::Q5_1,
-            FileType::Q8_0 => GgmlType::Q8_0,
-            FileType::Q2_K => GgmlType::Q2_K,
-            FileType::Q3_K_S | FileType::Q3_K_M | FileType::Q3_K_L => GgmlType::Q3_K,
-            FileType::Q4_K_S | FileType::Q4_K_M => GgmlType::Q4_K,
-            FileType::Q5_K_S | FileType::Q5_K_M => GgmlType::Q5_K,
-            FileType::Q6_K => GgmlType::Q6_K,
+            FileType::F32 => T::F32,
+            FileType::F16 => T::F16,
+            FileType::BF16 => T::BF16,
+            FileType::Q4_0 => T::Q4_0,
+            FileType::Q4_1 => T::Q4_1,
+            FileType::Q5_0 => T::Q5_0,
+            FileType::Q5_1 => T::Q5_1,
+            FileType::Q8_0 => T::Q8_0,
+            FileType::Q2_K | FileType::Q2_K_S => T::Q2_K,
+            FileType::Q3_K_S | FileType::Q3_K_M | FileType::Q3_K_L => T::Q3_K,
+            FileType::Q4_K_S | FileType::Q4_K_M => T::Q4_K,
+            FileType::Q5_K_S | FileType::Q5_K_M => T::Q5_K,
+            FileType::Q6_K => T::Q6_K,
+            FileType::IQ1_S => T::IQ1_S,
+            FileType::IQ1_M => T::IQ1_M,
+            FileType::IQ2_XXS => T::IQ2_XXS,
+            // IQ2_S files are mostly IQ2_XS; IQ2_M files mostly IQ2_S.
+            FileType::IQ2_XS | FileType::IQ2_S => T::IQ2_XS,
+            FileType::IQ2_M => T::IQ2_S,
+            FileType::IQ3_XXS => T::IQ3_XXS,
+            FileType::IQ3_XS | FileType::IQ3_S | FileType::IQ3_M => T::IQ3_S,
+            FileType::IQ4_NL => T::IQ4_NL,
+            FileType::IQ4_XS => T::IQ4_XS,
+            FileType::TQ1_0 => T::TQ1_0,
+            FileType::TQ2_0 => T::TQ2_0,
         }
-    }
-
-    fn is_float(self) -> bool {
-        matches!(self, FileType::F32 | FileType::F16 | FileType::BF16)
     }
 }
 
@@ -157,33 +226,51 @@ pub fn is_quantizable(name: &str, ne: &[u64]) -> bool {
         && !name.contains("time_mix_")
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Category {
     Output,
     TokenEmbd,
-    AttnVLike,
+    AttnQkv,
+    AttnKvB,
+    AttnV,
+    AttnK,
+    AttnQ,
     AttnOutput,
+    FfnUp,
+    FfnGate,
     FfnDown,
     Other,
 }
 
+/// llama.cpp's `tensor_get_category`: exact names for the two embeddings, substrings (in this order) for the rest.
 fn category(name: &str) -> Category {
+    use Category as C;
     if name == "output.weight" {
-        Category::Output
-    } else if name == "token_embd.weight" || name.contains("per_layer_token_embd.weight") {
-        Category::TokenEmbd
-    } else if name.contains("attn_qkv.weight")
-        || name.contains("attn_kv_b.weight")
-        || name.contains("attn_v.weight")
-    {
-        Category::AttnVLike
-    } else if name.contains("attn_output.weight") {
-        Category::AttnOutput
-    } else if name.contains("ffn_down") {
-        Category::FfnDown
-    } else {
-        Category::Other
+        return C::Output;
     }
+    if name == "token_embd.weight" || name == "per_layer_token_embd.weight" {
+        return C::TokenEmbd;
+    }
+    const BY_SUBSTRING: [(&str, Category); 9] = [
+        ("attn_qkv.weight", C::AttnQkv),
+        ("attn_kv_b.weight", C::AttnKvB),
+        ("attn_v.weight", C::AttnV),
+        ("attn_k.weight", C::AttnK),
+        ("attn_q.weight", C::AttnQ),
+        ("attn_output.weight", C::AttnOutput),
+        ("ffn_up", C::FfnUp),
+        ("ffn_gate", C::FfnGate),
+        ("ffn_down", C::FfnDown),
+    ];
+    BY_SUBSTRING
+        .iter()
+        .find(|(s, _)| name.contains(s))
+        .map_or(C::Other, |&(_, c)| c)
+}
+
+/// The attn_v-like tensors share one counter and one rule.
+fn is_attn_v_like(c: Category) -> bool {
+    matches!(c, Category::AttnV | Category::AttnQkv | Category::AttnKvB)
 }
 
 /// llama.cpp's `use_more_bits`: the first and last eighth of the layers, and every third in between.
@@ -191,17 +278,40 @@ fn use_more_bits(i: i64, n: i64) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
+/// llama.cpp's `tensor_requires_imatrix`: the tensors llama-quantize refuses to make without importance
+/// weights (never the embeddings or the output).
+pub fn tensor_requires_imatrix(name: &str, ty: GgmlType, ftype: FileType) -> bool {
+    use GgmlType as T;
+    if matches!(category(name), Category::TokenEmbd | Category::Output) {
+        return false;
+    }
+    match ty {
+        T::IQ3_XXS | T::IQ2_XXS | T::IQ2_XS | T::IQ2_S | T::IQ1_M | T::IQ1_S => true,
+        T::Q2_K => ftype == FileType::Q2_K_S,
+        _ => false,
+    }
+}
+
 /// Per-file state of the recipe: the running counters llama-quantize keeps while it walks the tensors
 /// in its order (by layer number, then name; see [`sort_like_llama_quantize`]).
 pub struct Recipe {
     pub ftype: FileType,
     pub pure: bool,
+    /// Whether an importance matrix is used (some IQ and legacy rules depend on it).
+    pub has_imatrix: bool,
+    /// `--token-embedding-type` / `--output-tensor-type`.
+    pub token_embedding_type: Option<GgmlType>,
+    pub output_tensor_type: Option<GgmlType>,
     n_layer: i64,
     n_gqa: u64,
+    n_expert: u64,
+    is_falcon: bool,
     has_output: bool,
     n_attention_wv: i64,
     i_attention_wv: i64,
     i_ffn_down: i64,
+    i_ffn_gate: i64,
+    i_ffn_up: i64,
 }
 
 impl Recipe {
@@ -215,123 +325,285 @@ impl Recipe {
     ) -> Recipe {
         let (mut has_output, mut n_attention_wv) = (false, 0);
         for n in names {
-            has_output |= n == "output.weight";
-            n_attention_wv += (category(n) == Category::AttnVLike) as i64;
+            let c = category(n);
+            has_output |= c == Category::Output;
+            n_attention_wv += is_attn_v_like(c) as i64;
         }
         Recipe {
             ftype,
             pure,
+            has_imatrix: false,
+            token_embedding_type: None,
+            output_tensor_type: None,
             n_layer: n_layer as i64,
             n_gqa,
+            n_expert: 0,
+            is_falcon: false,
             has_output,
             n_attention_wv,
             i_attention_wv: 0,
             i_ffn_down: 0,
+            i_ffn_gate: 0,
+            i_ffn_up: 0,
         }
+    }
+
+    /// The architecture (`general.architecture`) and `<arch>.expert_count`, which some rules depend on.
+    pub fn with_model(mut self, arch: &str, n_expert: u64) -> Recipe {
+        self.is_falcon = arch == "falcon";
+        self.n_expert = n_expert;
+        self
     }
 
     /// The type for the next tensor, or `None` if it is copied unchanged. Call in llama-quantize's order.
-    pub fn choose(&mut self, name: &str, ne: &[u64]) -> Option<GgmlType> {
+    /// An error for a MoE tensor whose layer cannot be read from its name (as llama-quantize).
+    pub fn choose(&mut self, name: &str, ne: &[u64]) -> anyhow::Result<Option<GgmlType>> {
         if !is_quantizable(name, ne) {
-            return None;
+            return Ok(None);
+        }
+        let cat = category(name);
+        if let (Some(t), Category::TokenEmbd) = (self.token_embedding_type, cat) {
+            return Ok(Some(t));
+        }
+        if let (Some(t), Category::Output) = (self.output_tensor_type, cat) {
+            return Ok(Some(t));
         }
         let default = self.ftype.default_type();
-        let mut ty = if self.pure || self.ftype.is_float() {
+        if !default.is_quantized() {
+            return Ok(Some(default));
+        }
+        let ty = if self.pure {
             default
         } else {
-            self.mixture(name, ne, default)
+            self.mixture(name, ne, default, cat)?
         };
-        // Counters advance whether or not the mixture was applied.
-        match category(name) {
-            Category::AttnVLike => self.i_attention_wv += 1,
-            Category::FfnDown => self.i_ffn_down += 1,
-            _ => {}
-        }
-        ty = fallback(ty, ne[0]);
-        Some(ty)
+        Ok(Some(fallback(ty, ne[0])))
     }
 
-    fn mixture(&self, name: &str, ne: &[u64], default: GgmlType) -> GgmlType {
+    /// The layer a per-layer rule uses: the running counter, or for MoE models the `blk.N.` of the name.
+    fn layer(&self, counter: i64, name: &str) -> anyhow::Result<(i64, i64)> {
+        let n = self.n_layer;
+        if self.n_expert <= 1 {
+            return Ok((counter, n));
+        }
+        let i: i64 = name
+            .strip_prefix("blk.")
+            .and_then(|r| r.split('.').next())
+            .and_then(|d| d.parse().ok())
+            .ok_or_else(|| anyhow::anyhow!("failed to determine the layer of tensor {name}"))?;
+        anyhow::ensure!(
+            (0..n).contains(&i),
+            "bad layer {i} for tensor {name}: must be in [0, {n})"
+        );
+        Ok((i, n))
+    }
+
+    /// llama.cpp's `llama_tensor_get_type_impl` (without the "70B" size class and the glm5-next and
+    /// MXFP4_MOE rules).
+    fn mixture(
+        &mut self,
+        name: &str,
+        ne: &[u64],
+        default: GgmlType,
+        cat: Category,
+    ) -> anyhow::Result<GgmlType> {
         use FileType as F;
         use GgmlType as T;
         let ft = self.ftype;
-        let mut cat = category(name);
-        if cat == Category::TokenEmbd && !self.has_output {
-            cat = Category::Output; // tied embeddings double as the LM head
-        }
-        match cat {
-            Category::Output => {
-                if !ne[0].is_multiple_of(default.block_size() as u64) {
-                    T::Q8_0
-                } else if default != T::Q8_0 {
-                    T::Q6_K
+        let is_iq1_iq2 = matches!(
+            ft,
+            F::IQ2_XXS | F::IQ2_XS | F::IQ1_S | F::IQ2_S | F::IQ2_M | F::IQ1_M
+        );
+        let iq2_s_or_m = matches!(ft, F::IQ2_S | F::IQ2_M);
+        let gqa4 = self.n_gqa >= 4;
+        let mut ty = default;
+
+        if cat == Category::Output || (!self.has_output && cat == Category::TokenEmbd) {
+            // Tied embeddings double as the LM head.
+            ty = if let Some(t) = self.output_tensor_type {
+                t
+            } else if self.is_falcon || !ne[0].is_multiple_of(default.block_size() as u64) {
+                T::Q8_0
+            } else if is_iq1_iq2 || ft == F::IQ3_XXS {
+                T::Q5_K
+            } else if default != T::Q8_0 {
+                T::Q6_K
+            } else {
+                default
+            };
+        } else if cat == Category::TokenEmbd {
+            ty = match ft {
+                F::IQ2_XXS | F::IQ2_XS | F::IQ1_S | F::IQ1_M => T::Q2_K,
+                F::IQ2_S | F::IQ2_M | F::IQ3_XXS => T::IQ3_S,
+                F::TQ1_0 | F::TQ2_0 => T::Q4_K,
+                _ => default,
+            };
+        } else if is_iq1_iq2 {
+            if is_attn_v_like(cat) {
+                ty = if gqa4 || self.n_expert >= 4 {
+                    T::Q4_K
+                } else if iq2_s_or_m {
+                    T::IQ3_S
                 } else {
-                    default
+                    T::Q2_K
+                };
+                self.i_attention_wv += 1;
+            } else if self.n_expert == 8 && cat == Category::AttnK {
+                ty = T::Q4_K;
+            } else if cat == Category::FfnDown {
+                if self.i_ffn_down < self.n_layer / 8 {
+                    ty = if iq2_s_or_m { T::IQ3_S } else { T::Q2_K };
+                }
+                self.i_ffn_down += 1;
+            } else if cat == Category::AttnOutput {
+                if self.n_expert == 8 {
+                    ty = T::Q5_K;
+                } else if matches!(ft, F::IQ1_S | F::IQ1_M) {
+                    ty = T::IQ2_XXS;
+                } else if iq2_s_or_m {
+                    ty = T::IQ3_S;
                 }
             }
-            Category::TokenEmbd => default,
-            Category::AttnVLike => {
-                let (i, n) = (self.i_attention_wv, self.n_attention_wv);
-                match ft {
-                    F::Q2_K => {
-                        if self.n_gqa >= 4 {
-                            T::Q4_K
-                        } else {
-                            T::Q3_K
-                        }
-                    }
-                    F::Q3_K_M => {
-                        if i < 2 {
-                            T::Q5_K
-                        } else {
-                            T::Q4_K
-                        }
-                    }
-                    F::Q3_K_L => T::Q5_K,
-                    F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
-                    F::Q4_K_S if i < 4 => T::Q5_K,
-                    _ => default,
-                }
-            }
-            Category::AttnOutput => match ft {
+        } else if is_attn_v_like(cat) {
+            let (i, n) = (self.i_attention_wv, self.n_attention_wv);
+            ty = match ft {
+                F::Q2_K if gqa4 => T::Q4_K,
                 F::Q2_K => T::Q3_K,
+                F::Q2_K_S if gqa4 => T::Q4_K,
+                F::IQ3_XXS if gqa4 => T::Q4_K,
+                F::IQ3_XXS if !self.has_imatrix => T::IQ3_S,
+                F::IQ3_XXS => T::IQ3_XXS,
+                F::IQ3_XS | F::IQ3_S if gqa4 => T::Q4_K,
+                F::IQ3_M => T::Q4_K,
+                F::Q3_K_M if i < 2 => T::Q5_K,
                 F::Q3_K_M => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
+                F::IQ4_NL | F::IQ4_XS if gqa4 => T::Q5_K,
+                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                F::Q4_K_S if i < 4 => T::Q5_K,
                 _ => default,
-            },
-            Category::FfnDown => {
-                let (i, n) = (self.i_ffn_down, self.n_layer);
-                match ft {
-                    F::Q2_K => T::Q3_K,
-                    F::Q3_K_M if i < n / 16 => T::Q5_K,
-                    F::Q3_K_M => T::Q4_K,
-                    F::Q3_K_L => T::Q5_K,
-                    F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
-                    F::Q4_K_S if i < n / 8 => T::Q5_K,
-                    _ => default,
-                }
+            };
+            if self.n_expert == 8 {
+                ty = T::Q8_0;
             }
-            Category::Other => default,
+            self.i_attention_wv += 1;
+        } else if cat == Category::AttnK {
+            if self.n_expert == 8 {
+                ty = T::Q8_0;
+            } else if ft == F::IQ3_XS {
+                ty = T::IQ3_XXS;
+            } else if ft == F::IQ3_XXS {
+                ty = T::IQ2_S;
+            }
+        } else if cat == Category::AttnQ {
+            if ft == F::IQ3_XS {
+                ty = T::IQ3_XXS;
+            } else if ft == F::IQ3_XXS {
+                ty = T::IQ2_S;
+            }
+        } else if cat == Category::FfnDown {
+            let (i, n) = self.layer(self.i_ffn_down, name)?;
+            let falcon = self.is_falcon;
+            ty = match ft {
+                F::Q2_K => T::Q3_K,
+                F::Q2_K_S if i < n / 8 => T::Q4_K,
+                F::Q2_K_S => default,
+                F::IQ3_XXS if !self.has_imatrix && i < n / 8 => T::Q4_K,
+                F::IQ3_XXS if !self.has_imatrix => T::Q3_K,
+                F::Q3_K_M if i < n / 16 => T::Q5_K,
+                F::Q3_K_M if !falcon || use_more_bits(i, n) => T::Q4_K,
+                F::Q3_K_M => T::Q3_K,
+                F::IQ3_M if i < n / 8 || (self.n_expert == 8 && use_more_bits(i, n)) => T::Q4_K,
+                F::Q3_K_L if falcon => T::Q4_K,
+                F::Q3_K_L => T::Q5_K,
+                F::Q4_K_M if falcon && i < n / 16 => T::Q6_K,
+                F::Q4_K_M if falcon && use_more_bits(i, n) => T::Q5_K,
+                F::Q4_K_M if falcon => T::Q4_K,
+                F::Q4_K_M if use_more_bits(i, n) => T::Q6_K,
+                F::Q4_K_M => default,
+                F::IQ4_NL | F::IQ4_XS if i < n / 8 && !self.has_imatrix => T::Q5_K,
+                F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                F::Q4_K_S if !falcon && i < n / 8 => T::Q5_K,
+                // Only with an imatrix, so files made without one stay as they always were.
+                F::Q4_0 if self.has_imatrix && i < n / 8 => T::Q4_1,
+                F::Q5_0 if self.has_imatrix && i < n / 8 => T::Q5_1,
+                _ => default,
+            };
+            self.i_ffn_down += 1;
+        } else if cat == Category::AttnOutput {
+            if !self.is_falcon {
+                if self.n_expert == 8 {
+                    if matches!(
+                        ft,
+                        F::Q2_K
+                            | F::IQ3_XS
+                            | F::IQ3_XXS
+                            | F::Q3_K_S
+                            | F::Q3_K_M
+                            | F::IQ4_NL
+                            | F::Q4_K_S
+                            | F::Q4_K_M
+                            | F::IQ3_S
+                            | F::IQ3_M
+                            | F::IQ4_XS
+                    ) {
+                        ty = T::Q5_K;
+                    }
+                } else {
+                    ty = match ft {
+                        F::Q2_K => T::Q3_K,
+                        F::IQ3_XXS => T::IQ3_S,
+                        F::Q3_K_M | F::IQ3_M => T::Q4_K,
+                        F::Q3_K_L => T::Q5_K,
+                        _ => default,
+                    };
+                }
+            } else if ft == F::Q3_K_L {
+                ty = T::Q4_K;
+            }
+        } else if cat == Category::FfnGate || cat == Category::FfnUp {
+            // (llama.cpp's separate attn_qkv rule is unreachable: attn_qkv is attn_v-like.)
+            let counter = if cat == Category::FfnGate {
+                &mut self.i_ffn_gate
+            } else {
+                &mut self.i_ffn_up
+            };
+            let c = *counter;
+            *counter += 1;
+            let (i, n) = self.layer(c, name)?;
+            if ft == F::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
+                ty = T::IQ3_XXS;
+            }
         }
+        Ok(ty)
     }
 }
 
 /// llama-quantize's substitutes when a row is not a whole number of blocks of the chosen type.
 fn fallback(ty: GgmlType, row: u64) -> GgmlType {
+    use GgmlType as T;
     if row.is_multiple_of(ty.block_size() as u64) {
         return ty;
     }
     let alt = match ty {
-        GgmlType::Q2_K | GgmlType::Q3_K => GgmlType::Q4_0,
-        GgmlType::Q4_K => GgmlType::Q5_0,
-        GgmlType::Q5_K => GgmlType::Q5_1,
-        GgmlType::Q6_K => GgmlType::Q8_0,
-        _ => GgmlType::F16,
+        T::IQ1_S
+        | T::IQ1_M
+        | T::IQ2_XXS
+        | T::IQ2_XS
+        | T::IQ2_S
+        | T::IQ3_XXS
+        | T::IQ3_S
+        | T::IQ4_XS => T::IQ4_NL,
+        T::Q2_K | T::Q3_K | T::TQ1_0 | T::TQ2_0 => T::Q4_0,
+        T::Q4_K => T::Q5_0,
+        T::Q5_K => T::Q5_1,
+        T::Q6_K => T::Q8_0,
+        other => other,
     };
     if row.is_multiple_of(alt.block_size() as u64) {
         alt
     } else {
-        GgmlType::F16
+        T::F16
     }
 }
 

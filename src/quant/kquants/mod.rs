@@ -11,7 +11,7 @@ mod q4k;
 mod q5k;
 mod q6k;
 mod q8k;
-mod search;
+pub(super) mod search;
 
 pub use q2k::BlockQ2K;
 pub use q3k::BlockQ3K;
@@ -21,7 +21,10 @@ pub use q6k::BlockQ6K;
 pub use q8k::BlockQ8K;
 
 use super::{f16_from_f32, f32_from_f16, nearest_int, QK_K};
-use search::{make_qkx2_quants, MinSearch};
+use search::{
+    make_qkx2_quants, make_qkx3_quants, make_qp_quants, sigma_weights, sum_in_order, sum_squares,
+    MinSearch,
+};
 
 /// Runs `f` on each 256-element chunk of `x`, one output block each.
 fn quantize_blocks<B>(x: &[f32], out: &mut [B], f: impl Fn(&[f32]) -> B) {
@@ -32,6 +35,23 @@ fn quantize_blocks<B>(x: &[f32], out: &mut [B], f: impl Fn(&[f32]) -> B) {
     );
     for (xb, b) in x.chunks_exact(QK_K).zip(out) {
         *b = f(xb);
+    }
+}
+
+/// Runs `f` on each 256-element chunk of `x` with the same chunk of the importance weights `qw`.
+fn weighted_blocks<B>(x: &[f32], qw: &[f32], out: &mut [B], f: impl Fn(&[f32], &[f32]) -> B) {
+    assert_eq!(
+        x.len(),
+        out.len() * QK_K,
+        "quantize: input is not out.len() super-blocks"
+    );
+    assert_eq!(
+        qw.len(),
+        x.len(),
+        "quantize: one importance weight per column"
+    );
+    for ((xb, wb), b) in x.chunks_exact(QK_K).zip(qw.chunks_exact(QK_K)).zip(out) {
+        *b = f(xb, wb);
     }
 }
 
@@ -152,6 +172,62 @@ fn quantize_scale_min(x: &[f32], p: &MinSearch) -> ScaleMinBlock {
         scales: pack_scale_min(&ls, &lm),
         l,
     }
+}
+
+/// The shared part of ggml's `quantize_row_q4_K_impl` / `quantize_row_q5_K_impl` (importance weights `qw`):
+/// a weighted `make_qkx3_quants` per 32-element sub-block, the 6-bit scales and mins by `make_qp_quants`
+/// weighted by the sub-blocks' total weights, and the re-quantization against the decoded scales.
+/// `clamp_63`: Q5_K clamps the 6-bit values before packing, Q4_K does not (they never exceed 63 in practice).
+fn quantize_scale_min_weighted(x: &[f32], qw: &[f32], nmax: i32, clamp_63: bool) -> ScaleMinBlock {
+    let sigma2 = 2.0 * sum_squares(x) / QK_K as f32;
+    let mut l = [0u8; QK_K];
+    let (mut scales, mut mins, mut sw) = ([0.0f32; 8], [0.0f32; 8], [0.0f32; 8]);
+    for j in 0..8 {
+        let xj = &x[32 * j..32 * j + 32];
+        let w: [f32; 32] = sigma_weights(sigma2, xj, &qw[32 * j..]);
+        sw[j] = sum_in_order(&w);
+        (scales[j], mins[j]) = make_qkx3_quants(nmax, xj, &w, &mut l[32 * j..32 * j + 32]);
+    }
+    let (mut ls, mut lm) = ([0u8; 8], [0u8; 8]);
+    let d_block = make_qp_quants(63, &scales, &mut ls, &sw);
+    let m_block = make_qp_quants(63, &mins, &mut lm, &sw);
+    if clamp_63 {
+        ls = ls.map(|v| v.min(63));
+        lm = lm.map(|v| v.min(63));
+    }
+    let scales = pack_scale_min_literal(&ls, &lm);
+    let d = f16_from_f32(d_block);
+    let dmin = f16_from_f32(m_block);
+
+    let (sc, m) = unpack_scale_min(&scales);
+    for j in 0..8 {
+        let dj = f32_from_f16(d) * sc[j] as f32;
+        if dj == 0.0 {
+            continue;
+        }
+        let dm = f32_from_f16(dmin) * m[j] as f32;
+        for i in 32 * j..32 * j + 32 {
+            l[i] = nearest_int((x[i] + dm) / dj).clamp(0, nmax) as u8;
+        }
+    }
+    ScaleMinBlock { d, dmin, scales, l }
+}
+
+/// [`pack_scale_min`] as ggml's `_impl` quantizers write it, for any byte values: the first four scales
+/// and mins whole, the top bits of the rest shifted in with u8 truncation.
+fn pack_scale_min_literal(s: &[u8; 8], m: &[u8; 8]) -> [u8; 12] {
+    let mut b = [0u8; 12];
+    for j in 0..8 {
+        if j < 4 {
+            b[j] = s[j];
+            b[j + 4] = m[j];
+        } else {
+            b[j + 4] = (s[j] & 0xF) | ((m[j] & 0xF) << 4);
+            b[j - 4] |= (s[j] >> 4) << 6;
+            b[j] |= (m[j] >> 4) << 6;
+        }
+    }
+    b
 }
 
 /// ggml's generic K-quant kernels accumulate `scale · q · qy` in 8 i32 lanes (element `e` in lane

@@ -1,8 +1,11 @@
 //! Q2_K: 16 sub-blocks of 16, `y = d·sc·q − dmin·m` with 2-bit `q` and 4-bit `sc`, `m` (§3.9, §4.6).
 
-use super::search::{make_qkx2_quants, MinSearch};
+use super::search::{
+    make_qkx2_quants, make_qkx3_quants, make_qp_quants, sigma_weights, sum_in_order, sum_squares,
+    MinSearch,
+};
 use super::*;
-use crate::quant::{BlockFormat, GgmlType};
+use crate::quant::{BlockFormat, GgmlType, ImatrixQuantize};
 use bytemuck::Zeroable;
 
 #[repr(C)]
@@ -75,9 +78,55 @@ impl BlockQ2K {
         b
     }
 
+    /// ggml's `quantize_row_q2_K_impl` for one super-block: weighted min/scale searches per sub-block,
+    /// then the 4-bit scales and mins by `make_qp_quants` weighted by the sub-blocks' total weights.
+    fn quantize_block_weighted(x: &[f32], qw: &[f32]) -> Self {
+        let sigma2 = sum_squares(x) / QK_K as f32;
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut mins, mut sw) = ([0.0f32; 16], [0.0f32; 16], [0.0f32; 16]);
+        for j in 0..16 {
+            let xj = &x[16 * j..16 * j + 16];
+            let w: [f32; 16] = sigma_weights(sigma2, xj, &qw[16 * j..]);
+            sw[j] = sum_in_order(&w);
+            (scales[j], mins[j]) = make_qkx3_quants(3, xj, &w, &mut l[16 * j..16 * j + 16]);
+        }
+        let (mut ls, mut lm) = ([0u8; 16], [0u8; 16]);
+        let dm = make_qp_quants(15, &scales, &mut ls, &sw);
+        let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+
+        let mut b = BlockQ2K::zeroed();
+        b.d = f16_from_f32(dm);
+        b.dmin = f16_from_f32(mm);
+        let (dm, mm) = (f32_from_f16(b.d), f32_from_f16(b.dmin));
+        for ((sc, &s), &m) in b.scales.iter_mut().zip(&ls).zip(&lm) {
+            *sc = s | (m << 4);
+        }
+        for j in 0..16 {
+            let d = dm * (b.scales[j] & 0xF) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let m = mm * (b.scales[j] >> 4) as f32;
+            for i in 16 * j..16 * j + 16 {
+                l[i] = nearest_int((x[i] + m) / d).clamp(0, 3) as u8;
+            }
+        }
+        b.qs = pack_2bit(&l);
+        b
+    }
+
     /// Quants in element order, 0..=3.
     fn quants(&self) -> [i8; QK_K] {
         std::array::from_fn(|e| unpack_2bit(&self.qs, e) as i8)
+    }
+}
+
+impl ImatrixQuantize for BlockQ2K {
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]) {
+        match qw {
+            None => Self::quantize(x, out),
+            Some(qw) => weighted_blocks(x, qw, out, Self::quantize_block_weighted),
+        }
     }
 }
 

@@ -1,8 +1,10 @@
 //! Q3_K: 16 sub-blocks of 16, `y = d·(u−32)·(q−4)` with 3-bit `q` and 6-bit `u` (§3.10, §4.6).
 
-use super::search::make_q3_quants;
+use super::search::{
+    make_q3_quants, make_qx_quants_weighted, sigma_weights, sum_in_order, sum_squares,
+};
 use super::*;
-use crate::quant::{BlockFormat, GgmlType};
+use crate::quant::{BlockFormat, GgmlType, ImatrixQuantize};
 use bytemuck::Zeroable;
 
 #[repr(C)]
@@ -62,7 +64,31 @@ impl BlockQ3K {
             b.d = f16_from_f32(1.0 / iscale);
         }
 
-        // Re-quantize with the decoded scales; a zero-scale sub-block keeps its search-phase quants.
+        Self::finish(x, b, l)
+    }
+
+    /// ggml's `quantize_row_q3_K_impl` for one super-block: weighted `make_qx_quants` per sub-block, and
+    /// the 6-bit scales by a second `make_qx_quants` weighted by the sub-blocks' total weights.
+    fn quantize_block_weighted(x: &[f32], qw: &[f32]) -> Self {
+        let sigma2 = 2.0 * sum_squares(x) / QK_K as f32;
+        let mut l = [0u8; QK_K];
+        let (mut scales, mut sw) = ([0.0f32; 16], [0.0f32; 16]);
+        for j in 0..16 {
+            let xj = &x[16 * j..16 * j + 16];
+            let w: [f32; 16] = sigma_weights(sigma2, xj, &qw[16 * j..]);
+            sw[j] = sum_in_order(&w);
+            scales[j] = make_qx_quants_weighted(4, xj, &w, &mut l[16 * j..16 * j + 16]);
+        }
+        let mut ls = [0u8; 16];
+        let d_block = make_qx_quants_weighted(32, &scales, &sw, &mut ls);
+        let mut b = BlockQ3K::zeroed();
+        b.scales = pack_q3_scales(&ls);
+        b.d = f16_from_f32(d_block);
+        Self::finish(x, b, l)
+    }
+
+    /// Re-quantizes with the decoded scales (a zero-scale sub-block keeps its search-phase quants) and packs.
+    fn finish(x: &[f32], mut b: Self, mut l: [u8; QK_K]) -> Self {
         let d = f32_from_f16(b.d);
         for (k, &sc) in unpack_q3_scales(&b.scales).iter().enumerate() {
             let dk = d * sc as f32;
@@ -90,6 +116,15 @@ impl BlockQ3K {
             let high = (self.hmask[e % 32] >> (e / 32)) & 1;
             (unpack_2bit(&self.qs, e) | (high << 2)) as i8 - 4
         })
+    }
+}
+
+impl ImatrixQuantize for BlockQ3K {
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]) {
+        match qw {
+            None => Self::quantize(x, out),
+            Some(qw) => weighted_blocks(x, qw, out, Self::quantize_block_weighted),
+        }
     }
 }
 

@@ -2,7 +2,7 @@
 
 use super::search::MinSearch;
 use super::*;
-use crate::quant::{BlockFormat, GgmlType};
+use crate::quant::{BlockFormat, GgmlType, ImatrixQuantize};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -27,7 +27,14 @@ const SEARCH: MinSearch = MinSearch {
 
 impl BlockQ4K {
     fn quantize_block(x: &[f32]) -> Self {
-        let ScaleMinBlock { d, dmin, scales, l } = quantize_scale_min(x, &SEARCH);
+        Self::pack(quantize_scale_min(x, &SEARCH))
+    }
+
+    fn quantize_block_weighted(x: &[f32], qw: &[f32]) -> Self {
+        Self::pack(quantize_scale_min_weighted(x, qw, 15, false))
+    }
+
+    fn pack(ScaleMinBlock { d, dmin, scales, l }: ScaleMinBlock) -> Self {
         let qs = std::array::from_fn(|i| {
             let e = 64 * (i / 32) + i % 32;
             l[e] | (l[e + 32] << 4)
@@ -85,6 +92,15 @@ pub(super) fn dot_scale_min(
         d: f32_from_f16(d) * y.d,
         lanes: lane_sums(q, &s.map(i32::from), &y.qs),
         min: f32_from_f16(dmin) * y.d * sumi as f32,
+    }
+}
+
+impl ImatrixQuantize for BlockQ4K {
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]) {
+        match qw {
+            None => Self::quantize(x, out),
+            Some(qw) => weighted_blocks(x, qw, out, Self::quantize_block_weighted),
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 use super::q4k::{dequantize_scale_min, dot_scale_min};
 use super::search::MinSearch;
 use super::*;
-use crate::quant::{BlockFormat, GgmlType};
+use crate::quant::{BlockFormat, GgmlType, ImatrixQuantize};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
@@ -30,7 +30,14 @@ const SEARCH: MinSearch = MinSearch {
 
 impl BlockQ5K {
     fn quantize_block(x: &[f32]) -> Self {
-        let ScaleMinBlock { d, dmin, scales, l } = quantize_scale_min(x, &SEARCH);
+        Self::pack(quantize_scale_min(x, &SEARCH))
+    }
+
+    fn quantize_block_weighted(x: &[f32], qw: &[f32]) -> Self {
+        Self::pack(quantize_scale_min_weighted(x, qw, 31, true))
+    }
+
+    fn pack(ScaleMinBlock { d, dmin, scales, l }: ScaleMinBlock) -> Self {
         let mut qh = [0u8; 32];
         for (e, &le) in l.iter().enumerate() {
             qh[e % 32] |= (le >> 4) << (e / 32);
@@ -56,6 +63,15 @@ impl BlockQ5K {
             let high = (self.qh[e % 32] >> (e / 32)) & 1;
             (low | (high << 4)) as i8
         })
+    }
+}
+
+impl ImatrixQuantize for BlockQ5K {
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]) {
+        match qw {
+            None => Self::quantize(x, out),
+            Some(qw) => weighted_blocks(x, qw, out, Self::quantize_block_weighted),
+        }
     }
 }
 

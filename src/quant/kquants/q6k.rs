@@ -1,8 +1,8 @@
 //! Q6_K: 16 sub-blocks of 16, `y = (d·sc)·(q−32)` with 6-bit `q` and i8 `sc` (§3.13, §4.6).
 
-use super::search::{make_qx_quants, GROUP_MAX_EPS};
+use super::search::{make_qx_quants, make_qx_quants_weighted, GROUP_MAX_EPS};
 use super::*;
-use crate::quant::{BlockFormat, GgmlType};
+use crate::quant::{BlockFormat, GgmlType, ImatrixQuantize};
 use bytemuck::Zeroable;
 
 #[repr(C)]
@@ -21,11 +21,24 @@ pub struct BlockQ6K {
 
 impl BlockQ6K {
     fn quantize_block(x: &[f32]) -> Self {
+        Self::quantize_block_with(x, |xk, _, lk| make_qx_quants(32, xk, lk))
+    }
+
+    /// ggml's `quantize_row_q6_K_impl`: the importance weights go to `make_qx_quants` as they are (no
+    /// sigma2 term for Q6_K).
+    fn quantize_block_weighted(x: &[f32], qw: &[f32]) -> Self {
+        Self::quantize_block_with(x, |xk, k, lk| {
+            make_qx_quants_weighted(32, xk, &qw[16 * k..16 * k + 16], lk)
+        })
+    }
+
+    /// Both Q6_K quantizers; `search(x_k, k, L_k)` returns sub-block `k`'s scale.
+    fn quantize_block_with(x: &[f32], search: impl Fn(&[f32], usize, &mut [u8]) -> f32) -> Self {
         let mut l = [0u8; QK_K];
         let mut scales = [0.0f32; 16];
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         for k in 0..16 {
-            scales[k] = make_qx_quants(32, &x[16 * k..16 * k + 16], &mut l[16 * k..16 * k + 16]);
+            scales[k] = search(&x[16 * k..16 * k + 16], k, &mut l[16 * k..16 * k + 16]);
             if scales[k].abs() > max_abs_scale {
                 max_abs_scale = scales[k].abs();
                 max_scale = scales[k];
@@ -79,6 +92,15 @@ impl BlockQ6K {
             let high = (self.qh[32 * h + r % 32] >> (2 * (r / 32))) & 3;
             (low | (high << 4)) as i8 - 32
         })
+    }
+}
+
+impl ImatrixQuantize for BlockQ6K {
+    fn quantize_row_imatrix(x: &[f32], qw: Option<&[f32]>, out: &mut [Self]) {
+        match qw {
+            None => Self::quantize(x, out),
+            Some(qw) => weighted_blocks(x, qw, out, Self::quantize_block_weighted),
+        }
     }
 }
 

@@ -22,7 +22,22 @@ pub(super) fn abs_max(x: &[f32]) -> (f32, f32) {
 
 /// `make_qx_quants` with `rmse_type = 1` and no importance weights (weights `x²`), as Q6_K uses it.
 /// Writes `L` in `0..2·nmax` and returns the scale (sign opposite to the largest-magnitude element).
-pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
+pub(in crate::quant) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
+    qx_search(nmax, x, |i| x[i] * x[i], l)
+}
+
+/// `make_qx_quants` with `rmse_type = 1` and explicit weights `w` (the importance-matrix paths).
+pub(in crate::quant) fn make_qx_quants_weighted(
+    nmax: i32,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+) -> f32 {
+    qx_search(nmax, x, |i| w[i], l)
+}
+
+/// The body of `make_qx_quants` (rmse_type 1): 19 candidate grids, weighted least-squares scale for each.
+fn qx_search(nmax: i32, x: &[f32], weight: impl Fn(usize) -> f32, l: &mut [u8]) -> f32 {
     let (amax, max) = abs_max(x);
     if amax < GROUP_MAX_EPS {
         l.fill(0);
@@ -31,9 +46,9 @@ pub(super) fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
     let quant = |iscale: f32, v: f32| nearest_int(iscale * v).clamp(-nmax, nmax - 1);
     let sums = |iscale: f32| {
         let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
-        for &v in x {
+        for (i, &v) in x.iter().enumerate() {
             let q = quant(iscale, v) as f32;
-            let w = v * v;
+            let w = weight(i);
             sumlx += w * v * q;
             suml2 += w * q * q;
         }
@@ -115,7 +130,7 @@ pub(super) fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [u8]) -> f32 {
 }
 
 /// Parameters of `make_qkx2_quants` for one format.
-pub(super) struct MinSearch {
+pub(in crate::quant) struct MinSearch {
     pub nmax: i32,
     pub rmin: f32,
     pub rdelta: f32,
@@ -129,7 +144,12 @@ pub(super) struct MinSearch {
 ///
 /// ggml updates `min` in place when a trial wins, and later trials build their grid from that updated
 /// value; the port keeps this state on purpose.
-pub(super) fn make_qkx2_quants(p: &MinSearch, x: &[f32], w: &[f32], l: &mut [u8]) -> (f32, f32) {
+pub(in crate::quant) fn make_qkx2_quants(
+    p: &MinSearch,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+) -> (f32, f32) {
     let nmax = p.nmax;
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = w[0];
@@ -195,4 +215,128 @@ pub(super) fn make_qkx2_quants(p: &MinSearch, x: &[f32], w: &[f32], l: &mut [u8]
         }
     }
     (scale, -min)
+}
+
+/// `make_qkx3_quants` with ggml's only parameters (`rmin −0.9`, `rdelta 0.05`, 36 steps, squared error) and
+/// explicit weights: the importance-matrix search of Q2_K, Q4_K, Q5_K, Q4_1 and Q5_1. Its body is
+/// `make_qkx2_quants` except for the all-equal test (`max <= min` instead of `max == min`), which cannot
+/// differ: `min ≤ 0` and `max ≥ x[0] ≥ min`, and both tests are false for NaN.
+pub(in crate::quant) fn make_qkx3_quants(
+    nmax: i32,
+    x: &[f32],
+    w: &[f32],
+    l: &mut [u8],
+) -> (f32, f32) {
+    let p = MinSearch {
+        nmax,
+        rmin: -0.9,
+        rdelta: 0.05,
+        nstep: 36,
+        use_mad: false,
+    };
+    make_qkx2_quants(&p, x, w, l)
+}
+
+/// `make_qp_quants`: a non-negative scale for the non-negative values `x` (sub-block scales or mins) on
+/// `0..=nmax`, chosen among 9 grids by weighted squared error and refined by up to 5 coordinate sweeps.
+/// Writes `L` and returns the scale.
+///
+/// Kept literal on purpose: `L` is ggml's `uint8_t`, so a (never expected) negative level wraps when
+/// stored while the running sums use the unwrapped int.
+pub(in crate::quant) fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [u8], qw: &[f32]) -> f32 {
+    let mut max = 0.0f32;
+    for &v in x {
+        max = if max > v { max } else { v };
+    }
+    if max < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for (li, &v) in l.iter_mut().zip(x) {
+        *li = nearest_int(iscale * v) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0.0f32;
+    for ((&li, &v), &w) in l.iter().zip(x).zip(qw) {
+        let diff = v - scale * li as f32;
+        best_mse += w * diff * diff;
+    }
+    for is in (-4..=4).filter(|&is| is != 0) {
+        let iscale_is = (0.1 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0.0f32;
+        for (&v, &w) in x.iter().zip(qw) {
+            let q = nearest_int(iscale_is * v).min(nmax);
+            let diff = v - scale_is * q as f32;
+            mse += w * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for ((li, &v), &w) in l.iter_mut().zip(x).zip(qw) {
+        let q = nearest_int(iscale * v).min(nmax);
+        *li = q as u8;
+        sumlx += w * v * q as f32;
+        suml2 += w * q as f32 * q as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = false;
+        for ((li, &v), &w) in l.iter_mut().zip(x).zip(qw) {
+            let cur = *li as f32;
+            let mut slx = sumlx - w * v * cur;
+            let mut sl2 = suml2 - w * cur * cur;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(v * sl2 / slx).min(nmax);
+                if new_l != *li as i32 {
+                    slx += w * v * new_l as f32;
+                    sl2 += w * new_l as f32 * new_l as f32;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *li = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed = true;
+                    }
+                }
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// The importance weights of one sub-block: `qw_i · sqrt(sigma2 + x_i²)`.
+pub(in crate::quant) fn sigma_weights<const N: usize>(
+    sigma2: f32,
+    x: &[f32],
+    qw: &[f32],
+) -> [f32; N] {
+    std::array::from_fn(|i| qw[i] * (sigma2 + x[i] * x[i]).sqrt())
+}
+
+/// Σ x² in element order.
+pub(in crate::quant) fn sum_squares(x: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in x {
+        s += v * v;
+    }
+    s
+}
+
+/// Σ w in element order, from 0 (ggml's `sw[j]`).
+pub(in crate::quant) fn sum_in_order(w: &[f32]) -> f32 {
+    let mut s = 0.0f32;
+    for &v in w {
+        s += v;
+    }
+    s
 }
