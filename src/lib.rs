@@ -7,6 +7,7 @@ pub mod convert;
 pub mod generate;
 pub mod gguf;
 pub mod hub;
+pub mod imatrix;
 pub mod kernels;
 pub mod model;
 pub mod npy;

@@ -151,7 +151,7 @@ pub fn check_same_vocab(a: &Tokenizer, b: &Tokenizer, a_name: &str, b_name: &str
 }
 
 /// `log p(tok)`, with llama-perplexity's arithmetic: f32 max, f64 sum of f32 `exp(l - max)`.
-fn nll_of(row: &[f32], tok: usize) -> f64 {
+pub(crate) fn nll_of(row: &[f32], tok: usize) -> f64 {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = row.iter().map(|&l| (l - max).exp() as f64).sum();
     -((row[tok] - max) as f64 - sum.ln())

@@ -3,6 +3,7 @@
 mod bench;
 mod convert;
 mod eval;
+mod imatrix;
 mod inspect;
 mod perplexity;
 mod pull;
@@ -39,6 +40,8 @@ enum Command {
     Tokenize(tokenize::Args),
     /// Quantize a GGUF file with llama-quantize's recipes
     Quantize(quantize::Args),
+    /// Importance matrix of a model over a calibration text (like llama-imatrix), for quantizing
+    Imatrix(imatrix::Args),
     /// Prompt and generation speed like llama-bench, with peak RSS and the weight bandwidth of decoding
     Bench(bench::Args),
     /// Perplexity of GGUF files on a text (like llama-perplexity), KL divergence between them, a table
@@ -88,6 +91,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tensor(a) => tensor::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Quantize(a) => quantize::run(a),
+        Command::Imatrix(a) => imatrix::run(a),
         Command::Perplexity(a) => perplexity::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Bench(a) => bench::run(a),

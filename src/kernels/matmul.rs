@@ -5,7 +5,7 @@
 //! once to the weight type's `vec_dot_type` (Q8_0, Q8_1 or Q8_K), then every weight row is dotted with it
 //! block by block. Work is split over output rows; a weight row is read once and used for every token.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 use rayon::prelude::*;
 
@@ -78,7 +78,49 @@ thread_local! {
 /// are quantized once per activation type and every product runs in one parallel region (one
 /// fork/join instead of one each).
 pub fn matmuls(x: &[f32], n_tokens: usize, jobs: &mut [(&Weight, &mut [f32])]) {
+    OBSERVER.with_borrow_mut(|o| {
+        if let Some(f) = o {
+            for (w, _) in jobs.iter() {
+                f(w, x, n_tokens);
+            }
+        }
+    });
     matmuls_with(kernels(), x, n_tokens, jobs)
+}
+
+/// Sees `(weight, x, n_tokens)` of every product [`matmul`]/[`matmuls`] computes on the thread that
+/// installed it ([`observe_matmuls`]): the input rows `x` (`[n_tokens × w.n_in]`) of that weight, as
+/// llama.cpp's graph callback sees `src1` (what `deltaq imatrix` collects). It must not multiply.
+pub type MatmulObserver = Box<dyn FnMut(&Weight, &[f32], usize)>;
+
+thread_local! {
+    /// Off (`None`) but while `deltaq imatrix` runs: one thread-local read per product, nothing
+    /// passed through the model's code.
+    static OBSERVER: RefCell<Option<MatmulObserver>> = const { RefCell::new(None) };
+}
+
+/// Installs `obs` on the calling thread until the returned guard drops (then the previous observer,
+/// if any, is back). Products computed on other threads are not seen: run the model on this one.
+pub fn observe_matmuls(obs: MatmulObserver) -> ObserverGuard {
+    let previous = OBSERVER.with_borrow_mut(|o| o.replace(obs));
+    ObserverGuard {
+        previous,
+        _same_thread: std::marker::PhantomData,
+    }
+}
+
+/// Uninstalls the observer of [`observe_matmuls`] when dropped (on the thread that installed it:
+/// the guard is not `Send`).
+pub struct ObserverGuard {
+    previous: Option<MatmulObserver>,
+    _same_thread: std::marker::PhantomData<*const ()>,
+}
+
+impl Drop for ObserverGuard {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        OBSERVER.with_borrow_mut(|o| *o = previous);
+    }
 }
 
 fn matmuls_with(
