@@ -302,6 +302,11 @@ impl GgmlType {
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
                 | GgmlType::Q8_K
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
+                | GgmlType::TQ1_0
+                | GgmlType::TQ2_0
+                | GgmlType::MXFP4
         )
     }
 

@@ -108,6 +108,11 @@ macro_rules! dispatch {
             GgmlType::Q5_K => $f::<BlockQ5K>($($arg),*),
             GgmlType::Q6_K => $f::<BlockQ6K>($($arg),*),
             GgmlType::Q8_K => $f::<BlockQ8K>($($arg),*),
+            GgmlType::IQ4_NL => $f::<iq::BlockIQ4NL>($($arg),*),
+            GgmlType::IQ4_XS => $f::<iq::BlockIQ4XS>($($arg),*),
+            GgmlType::TQ1_0 => $f::<iq::BlockTQ1_0>($($arg),*),
+            GgmlType::TQ2_0 => $f::<iq::BlockTQ2_0>($($arg),*),
+            GgmlType::MXFP4 => $f::<iq::BlockMXFP4>($($arg),*),
             other => Err(QuantError::Unsupported(other, $what)),
         }
     };
