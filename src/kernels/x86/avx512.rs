@@ -3,7 +3,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::{Simd, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
 use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
@@ -67,6 +67,8 @@ entries! {
     q4_k => Q4K, 4, 4, 4;
     q5_k => Q5K, 4, 4, 4;
     q6_k => Q6K, 4, 4, 4;
+    iq4_nl => IQ4NL, 4, 4, 4;
+    iq4_xs => IQ4XS, 4, 4, 4;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
@@ -81,7 +83,10 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
         GgmlType::Q6_K => q6_k,
-        other => panic!("quant_rows called with {other}"),
+        GgmlType::IQ4_NL => iq4_nl,
+        GgmlType::IQ4_XS => iq4_xs,
+        // Formats without a kernel here (TQ1_0, TQ2_0, MXFP4): the scalar reference.
+        _ => return crate::kernels::scalar::quant_rows(ty, w, a, n_tok, out),
     };
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed
     // AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI, the features `f` is compiled for; lengths are checked inside.
