@@ -44,7 +44,7 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
-    // Formats GGUF files may hold that this crate can list but not compute with.
+    // The IQ, ternary and newer formats (src/quant/iq): `has_blocks` says which this crate computes with.
     IQ2_XXS,
     IQ2_XS,
     IQ3_XXS,

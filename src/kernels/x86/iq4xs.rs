@@ -17,15 +17,12 @@ const WB: usize = 136;
 /// Bytes of a Q8_K block: d (f32), 256 quants, 16 i16 sums.
 const AB: usize = 292;
 
-/// The eight sub-block scales of the block at `p`, minus 32.
+/// Sub-block `ib`'s scale of the block at `p`, minus 32.
 #[inline(always)]
-unsafe fn scales(p: *const u8) -> [i16; 8] {
-    let h = read_u16(p.add(2));
-    core::array::from_fn(|ib| {
-        let lo = (*p.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xf;
-        let hi = ((h >> (2 * ib)) & 3) as u8;
-        (lo | (hi << 4)) as i16 - 32
-    })
+unsafe fn scale(p: *const u8, ib: usize) -> i16 {
+    let lo = (*p.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xf;
+    let hi = ((read_u16(p.add(2)) >> (2 * ib)) & 3) as u8;
+    (lo | (hi << 4)) as i16 - 32
 }
 
 /// The 32 levels of sub-block `ib` of the block at `p`, in element order.
@@ -52,12 +49,11 @@ unsafe fn xs_tile<S: Simd, const R: usize, const T: usize>(
             pf.upto((b + 1) * WB);
         }
         let wb: [*const u8; R] = core::array::from_fn(|r| w[r].add(b * WB));
-        let sc: [[i16; 8]; R] = core::array::from_fn(|r| scales(wb[r]));
         let mut isum = [[zero; T]; R];
         for ib in 0..8 {
             let q: [__m256i; R] = core::array::from_fn(|r| levels(wb[r], ib));
             let qa: [__m256i; R] = core::array::from_fn(|r| _mm256_sign_epi8(q[r], q[r]));
-            let s: [__m256i; R] = core::array::from_fn(|r| _mm256_set1_epi16(sc[r][ib]));
+            let s: [__m256i; R] = core::array::from_fn(|r| _mm256_set1_epi16(scale(wb[r], ib)));
             for t in 0..T {
                 let y = loadu(a[t].add(b * AB + 4 + 32 * ib));
                 for r in 0..R {

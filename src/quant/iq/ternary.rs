@@ -31,7 +31,7 @@ fn trit(x: f32, id: f32) -> u8 {
 /// `trits` (most significant first) as a base-3 number, scaled to a byte by ceiling division.
 fn pack_trits(trits: impl Iterator<Item = u8>) -> u8 {
     let q = trits.fold(0u8, |q, t| q.wrapping_mul(3).wrapping_add(t));
-    ((q as u16 * 256 + 242) / 243) as u8
+    (q as u16 * 256).div_ceil(243) as u8
 }
 
 /// The trit at power `p` of a packed byte, as −1, 0 or 1.
