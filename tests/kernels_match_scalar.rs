@@ -17,7 +17,7 @@ use deltaq::model::KV_PAGE;
 use deltaq::quant::{self, BlockQ4_0, BlockQ8_0, GgmlType};
 use half::f16;
 
-const QUANT_TYPES: [GgmlType; 12] = GgmlType::WEIGHT_QUANTS;
+const QUANT_TYPES: [GgmlType; GgmlType::WEIGHT_QUANTS.len()] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
@@ -57,6 +57,11 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
+        // MXFP4's scale is an E8M0 byte (see `weight_rows`).
+        GgmlType::MXFP4 => &[],
         _ => unreachable!(),
     }
 }
@@ -77,6 +82,11 @@ fn code_bytes(ty: GgmlType) -> std::ops::Range<usize> {
         GgmlType::IQ3_XXS => 2..98,
         // qs, qh and signs (the four scale bytes follow).
         GgmlType::IQ3_S => 2..106,
+        GgmlType::IQ4_NL => 2..18,
+        GgmlType::IQ4_XS => 8..136,
+        GgmlType::TQ1_0 => 0..52,
+        GgmlType::TQ2_0 => 0..64,
+        GgmlType::MXFP4 => 1..17,
         _ => unreachable!(),
     }
 }
@@ -111,6 +121,10 @@ fn weight_rows(ty: GgmlType, rows: usize, n: usize, fill: Fill, rng: &mut Rng) -
                 _ => rng.f() * 10f32.powi((rng.byte() % 5) as i32 - 3),
             };
             blk[o..o + 2].copy_from_slice(&quant::f16_from_f32(v).to_le_bytes());
+        }
+        if ty == GgmlType::MXFP4 {
+            // E8M0 scales 2^-24 .. 2^7, clear of the f32 overflow of the largest bytes.
+            blk[0] = 104 + rng.byte() % 32;
         }
     }
     w
@@ -221,6 +235,27 @@ fn quant_rows_match_scalar() {
                     check_quant(k, ty, rows, 2 * bs, n_tok, fill, 7 + rows as u64);
                 }
             }
+        }
+    }
+}
+
+/// TQ1_0, TQ2_0 and MXFP4 have no SIMD kernel: every table runs the scalar reference for them (an
+/// explicit fallback in each table's `quant_rows`), so the results are the scalar ones bit for bit.
+#[test]
+fn types_without_simd_kernels_run_the_scalar_reference() {
+    for k in tables() {
+        for ty in [GgmlType::TQ1_0, GgmlType::TQ2_0, GgmlType::MXFP4] {
+            let (rows, n, n_tok) = (9, 2 * ty.block_size(), 5);
+            let mut rng = Rng(17 + ty.id() as u64);
+            let w = weight_rows(ty, rows, n, Fill::Random, &mut rng);
+            let x = activations(n_tok, n, &mut rng);
+            let qa = quantize_acts(ty, &x, n);
+            let mut want = vec![0f32; rows * n_tok];
+            let mut got = vec![f32::NAN; rows * n_tok];
+            (scalar().quant_rows)(ty, &w, &qa, n_tok, &mut want);
+            (k.quant_rows)(ty, &w, &qa, n_tok, &mut got);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{} {ty}", k.isa.name());
         }
     }
 }

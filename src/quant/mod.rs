@@ -47,7 +47,7 @@ pub enum GgmlType {
     I64,
     F64,
     BF16,
-    // Formats GGUF files may hold that this crate can list but not compute with.
+    // The IQ, ternary and newer formats (src/quant/iq): `has_blocks` says which this crate computes with.
     IQ2_XXS,
     IQ2_XS,
     IQ3_XXS,
@@ -187,7 +187,7 @@ impl GgmlType {
     }
 
     /// The block-quantized weight formats (those with a dot product against a Q8 activation format).
-    pub const WEIGHT_QUANTS: [GgmlType; 12] = [
+    pub const WEIGHT_QUANTS: [GgmlType; 17] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -200,6 +200,11 @@ impl GgmlType {
         GgmlType::Q6_K,
         GgmlType::IQ3_XXS,
         GgmlType::IQ3_S,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::MXFP4,
     ];
 
     /// Parses a type name, case-insensitively ("q4_k", "Q8_0", "bf16").
@@ -309,6 +314,11 @@ impl GgmlType {
                 | GgmlType::Q8_K
                 | GgmlType::IQ3_XXS
                 | GgmlType::IQ3_S
+                | GgmlType::IQ4_NL
+                | GgmlType::IQ4_XS
+                | GgmlType::TQ1_0
+                | GgmlType::TQ2_0
+                | GgmlType::MXFP4
         )
     }
 
@@ -375,7 +385,8 @@ pub trait BlockFormat: bytemuck::Pod + Send + Sync {
 /// llama-quantize's row quantizer for a format (`quantize_<type>` in ggml): with an importance matrix
 /// `qw` (one weight per column of the row, `in_sum2 / count` as llama-quantize loads it), or without one.
 ///
-/// Without `qw` it equals [`BlockFormat::quantize`] for the formats that have a reference quantizer.
+/// Without `qw` it equals [`BlockFormat::quantize`] for the legacy and K formats; IQ4_NL's llama-quantize
+/// path tries more scales than its reference quantizer, so the two differ there.
 /// The result depends on the row only (rows are independent), so callers may split a tensor by rows.
 pub trait ImatrixQuantize: BlockFormat {
     /// True for the formats llama-quantize refuses to make without an importance matrix.

@@ -114,6 +114,11 @@ macro_rules! dispatch {
             GgmlType::Q8_K => $f::<BlockQ8K>($($arg),*),
             GgmlType::IQ3_XXS => $f::<iq::BlockIQ3XXS>($($arg),*),
             GgmlType::IQ3_S => $f::<iq::BlockIQ3S>($($arg),*),
+            GgmlType::IQ4_NL => $f::<iq::BlockIQ4NL>($($arg),*),
+            GgmlType::IQ4_XS => $f::<iq::BlockIQ4XS>($($arg),*),
+            GgmlType::TQ1_0 => $f::<iq::BlockTQ1_0>($($arg),*),
+            GgmlType::TQ2_0 => $f::<iq::BlockTQ2_0>($($arg),*),
+            GgmlType::MXFP4 => $f::<iq::BlockMXFP4>($($arg),*),
             other => Err(QuantError::Unsupported(other, $what)),
         }
     };
@@ -197,17 +202,17 @@ pub fn quantize_row_imatrix(
         GgmlType::Q4_K => quant_imatrix::<BlockQ4K>(x, qw, out),
         GgmlType::Q5_K => quant_imatrix::<BlockQ5K>(x, qw, out),
         GgmlType::Q6_K => quant_imatrix::<BlockQ6K>(x, qw, out),
+        GgmlType::IQ3_XXS => quant_imatrix::<iq::BlockIQ3XXS>(x, qw, out),
+        GgmlType::IQ3_S => quant_imatrix::<iq::BlockIQ3S>(x, qw, out),
+        GgmlType::IQ4_NL => quant_imatrix::<iq::BlockIQ4NL>(x, qw, out),
+        GgmlType::IQ4_XS => quant_imatrix::<iq::BlockIQ4XS>(x, qw, out),
         GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
         | GgmlType::IQ2_S
-        | GgmlType::IQ3_XXS
-        | GgmlType::IQ3_S
         | GgmlType::IQ1_S
-        | GgmlType::IQ1_M
-        | GgmlType::IQ4_NL
-        | GgmlType::IQ4_XS
-        | GgmlType::TQ1_0
-        | GgmlType::TQ2_0 => Err(QuantError::NotImplemented(ty)),
+        | GgmlType::IQ1_M => Err(QuantError::NotImplemented(ty)),
+        // ggml's quantizers of these take no importance weights: the reference quantizer.
+        GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::MXFP4 => quantize_row(ty, x, out),
         other => Err(QuantError::Unsupported(other, "quantizer")),
     }
 }
@@ -222,7 +227,20 @@ mod imatrix_tests {
             .collect()
     }
 
-    const TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
+    /// The legacy and K formats (those whose weightless path is their reference quantizer; IQ4_NL's
+    /// llama-quantize path tries more scales than its reference, IQ3_XXS needs weights).
+    const TYPES: [GgmlType; 10] = [
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
 
     #[test]
     fn without_weights_equals_the_reference_quantizer() {
@@ -277,15 +295,14 @@ mod imatrix_tests {
     }
 
     #[test]
-    fn iq_types_need_weights_or_are_not_implemented() {
+    fn low_bit_iq_types_need_weights() {
         let mut out = vec![0u8; 1024];
         assert_eq!(
             quantize_row_imatrix(GgmlType::IQ2_XXS, &[0.0; 256], None, &mut out[..66]),
             Err(QuantError::NeedsImatrix(GgmlType::IQ2_XXS))
         );
-        assert_eq!(
-            quantize_row_imatrix(GgmlType::IQ4_NL, &[0.0; 32], None, &mut out[..18]),
-            Err(QuantError::NotImplemented(GgmlType::IQ4_NL))
-        );
+        // ggml quantizes IQ3_XXS without weights (llama-quantize's refusal is a per-tensor rule).
+        assert!(quantize_row_imatrix(GgmlType::IQ3_XXS, &[0.0; 256], None, &mut out[..98]).is_ok());
+        assert!(quantize_row_imatrix(GgmlType::IQ4_NL, &[0.0; 32], None, &mut out[..18]).is_ok());
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 use crate::kernels::scalar;
 use crate::quant::{self, f16_from_f32};
 
-const QUANT_TYPES: [GgmlType; 12] = GgmlType::WEIGHT_QUANTS;
+const QUANT_TYPES: [GgmlType; GgmlType::WEIGHT_QUANTS.len()] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
@@ -40,6 +40,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
         GgmlType::Q6_K => &[208],
         GgmlType::IQ3_XXS | GgmlType::IQ3_S => &[0],
+        GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
+        GgmlType::TQ1_0 => &[52],
+        GgmlType::TQ2_0 => &[64],
         _ => &[],
     }
 }
@@ -97,6 +100,12 @@ fn weight_rows(rng: &mut Rng, ty: GgmlType, n_rows: usize, nb: usize, style: usi
                 for b in row.chunks_exact_mut(ty.type_size()) {
                     set_f16(b, ty, &mut || 0x0001);
                 }
+            }
+        }
+        if ty == GgmlType::MXFP4 && style != 0 {
+            // E8M0 scales 2^-28 .. 2^11, clear of the f32 overflow of the largest bytes.
+            for b in row.chunks_exact_mut(ty.type_size()) {
+                b[0] = 100 + rng.below(40) as u8;
             }
         }
     }
@@ -211,6 +220,9 @@ fn quant_rows_exact_on_integer_data() {
         let mut w = weight_rows(&mut rng, ty, n_rows, nb, 1);
         for b in w.chunks_exact_mut(ty.type_size()) {
             set_f16(b, ty, &mut || 0x3C00);
+            if ty == GgmlType::MXFP4 {
+                b[0] = 128; // E8M0 half-scale 1: the doubled E2M1 levels as they are
+            }
         }
         let ab = act.row_bytes(n as u64).unwrap() as usize;
         let mut a = vec![0u8; ab * n_tok];

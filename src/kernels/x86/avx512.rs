@@ -3,7 +3,9 @@
 
 use core::arch::x86_64::*;
 
-use super::{Iq3S, Iq3Xxs, Simd, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0};
+use super::{
+    Iq3S, Iq3Xxs, Simd, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
@@ -71,6 +73,8 @@ entries! {
     q6_k => Q6K, 4, 4, 4;
     iq3_xxs => Iq3Xxs, 4, 1, 16;
     iq3_s => Iq3S, 4, 1, 16;
+    iq4_nl => IQ4NL, 4, 4, 4;
+    iq4_xs => IQ4XS, 4, 4, 4;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
@@ -87,7 +91,10 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::Q6_K => q6_k,
         GgmlType::IQ3_XXS => iq3_xxs,
         GgmlType::IQ3_S => iq3_s,
-        other => panic!("quant_rows called with {other}"),
+        GgmlType::IQ4_NL => iq4_nl,
+        GgmlType::IQ4_XS => iq4_xs,
+        // Formats without a kernel here (TQ1_0, TQ2_0, MXFP4; IQ formats without one): the scalar reference.
+        _ => return crate::kernels::scalar::quant_rows(ty, w, a, n_tok, out),
     };
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed
     // AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI, the features `f` is compiled for; lengths are checked inside.

@@ -1,9 +1,10 @@
-//! The 32-element formats: Q4_0, Q5_0, Q8_0 × Q8_0 and Q4_1, Q5_1 × Q8_1.
+//! The 32-element formats: Q4_0, Q5_0, Q8_0, IQ4_NL × Q8_0 and Q4_1, Q5_1 × Q8_1.
 //!
 //! Per block: unsigned codes `q` (Q4_0/Q5_0 unpacked without their offset) are multiplied with the
 //! activation bytes by `dot_u8i8`, and the offset is taken off afterwards with the activation's own sum:
 //! `Σ (q − o)·y = Σ q·y − o·Σ y` (exact in i32; the sums of y are computed once per token and block
-//! and shared by the tile's rows). Q8_0 weights are signed: the sign trick `|x| · (y·sign x)`.
+//! and shared by the tile's rows). Q8_0 and IQ4_NL weights
+//! (nibbles looked up in the level table) are signed: the sign trick `|x| · (y·sign x)`.
 
 use core::arch::x86_64::*;
 
@@ -107,6 +108,17 @@ legacy_format!(Q5_1, 24, 36, Kind::Affine, |p| {
 legacy_format!(Q8_0, 34, 34, Kind::Signed, |p| {
     (loadu(p.add(2)), f16_at(p), 0.0)
 });
+// IQ4_NL: the nibbles index the 16 non-linear levels (signed, |level| ≤ 127).
+legacy_format!(IQ4NL, 18, 34, Kind::Signed, |p| {
+    (iq4_levels(nibbles(p.add(2))), f16_at(p), 0.0)
+});
+
+/// Codes 0..16 in each byte → `KVALUES_IQ4NL[code]` (a 16-entry `pshufb` table in both lanes).
+#[inline(always)]
+pub(crate) unsafe fn iq4_levels(codes: __m256i) -> __m256i {
+    let table = loadu128(crate::quant::iq::grids::KVALUES_IQ4NL.as_ptr() as *const u8);
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table), codes)
+}
 
 /// `R` rows × `T` tokens; `prefetch`: the rows are streamed from memory (decode layout), so request them
 /// ahead of the reads ([`StreamPrefetch`]).

@@ -21,6 +21,7 @@ pub mod avx2;
 pub mod avx512;
 mod float;
 mod iq3;
+mod iq4xs;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
@@ -383,8 +384,9 @@ pub(crate) use kgemm_entry;
 
 pub(crate) use float::float_rows;
 pub(crate) use iq3::{Iq3S, Iq3Xxs};
+pub(crate) use iq4xs::IQ4XS;
 pub(crate) use kquants::{Q2K, Q3K, Q4K, Q5K, Q6K};
-pub(crate) use legacy::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+pub(crate) use legacy::{IQ4NL, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 pub(crate) use quantize::quantize_act;
 
 #[cfg(test)]
@@ -412,7 +414,10 @@ mod tests {
             GgmlType::Q6_K => quant_rows::<Avx2, Q6K, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::IQ3_XXS => quant_rows::<Avx2, Iq3Xxs, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::IQ3_S => quant_rows::<Avx2, Iq3S, 4, 4, 4>(w, a, n_tok, out),
-            _ => unreachable!(),
+            GgmlType::IQ4_NL => quant_rows::<Avx2, IQ4NL, 4, 4, 4>(w, a, n_tok, out),
+            GgmlType::IQ4_XS => quant_rows::<Avx2, IQ4XS, 4, 4, 4>(w, a, n_tok, out),
+            // Types without an x86 kernel fall back to the scalar reference in the tables too.
+            _ => scalar::quant_rows(ty, w, a, n_tok, out),
         }
     }
 

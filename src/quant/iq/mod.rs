@@ -5,6 +5,13 @@ pub mod blocks;
 pub mod grids;
 mod iq3s;
 mod iq3xxs;
+mod iq4;
 mod lattice3;
+mod mxfp4;
+mod ternary;
 
 pub use blocks::*;
+pub use mxfp4::{e8m0_to_f32_half, KVALUES_MXFP4};
+
+#[cfg(test)]
+mod vector_tests;
