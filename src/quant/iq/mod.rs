@@ -3,5 +3,6 @@
 
 pub mod blocks;
 pub mod grids;
+pub mod lattice;
 
 pub use blocks::*;
