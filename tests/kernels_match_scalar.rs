@@ -17,7 +17,7 @@ use deltaq::model::KV_PAGE;
 use deltaq::quant::{self, BlockQ4_0, BlockQ8_0, GgmlType};
 use half::f16;
 
-const QUANT_TYPES: [GgmlType; 10] = GgmlType::WEIGHT_QUANTS;
+const QUANT_TYPES: [GgmlType; GgmlType::WEIGHT_QUANTS.len()] = GgmlType::WEIGHT_QUANTS;
 
 struct Rng(u64);
 
@@ -56,6 +56,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ1_S => &[0],
+        // IQ1_M's f16 scale is spread over nibbles: set by `weight_rows` itself.
+        GgmlType::IQ1_M => &[],
         _ => unreachable!(),
     }
 }
@@ -73,6 +76,10 @@ fn code_bytes(ty: GgmlType) -> std::ops::Range<usize> {
         GgmlType::Q4_K => 16..144,
         GgmlType::Q5_K => 16..176,
         GgmlType::Q6_K => 0..192,
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS => 2..66,
+        GgmlType::IQ2_S => 2..74,
+        GgmlType::IQ1_S => 2..34,
+        GgmlType::IQ1_M => 0..48,
         _ => unreachable!(),
     }
 }
@@ -107,6 +114,14 @@ fn weight_rows(ty: GgmlType, rows: usize, n: usize, fill: Fill, rng: &mut Rng) -
                 _ => rng.f() * 10f32.powi((rng.byte() % 5) as i32 - 3),
             };
             blk[o..o + 2].copy_from_slice(&quant::f16_from_f32(v).to_le_bytes());
+        }
+        if ty == GgmlType::IQ1_M {
+            // The f16 super-scale's nibble k is the top nibble of the u16 scale word k.
+            let h = quant::f16_from_f32(rng.f() * 10f32.powi((rng.byte() % 5) as i32 - 3));
+            for k in 0..4 {
+                let b = &mut blk[48 + 2 * k + 1];
+                *b = (*b & 0x0F) | (((h >> (4 * k)) & 0xF) << 4) as u8;
+            }
         }
     }
     w

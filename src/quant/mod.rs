@@ -184,7 +184,7 @@ impl GgmlType {
     }
 
     /// The block-quantized weight formats (those with a dot product against a Q8 activation format).
-    pub const WEIGHT_QUANTS: [GgmlType; 10] = [
+    pub const WEIGHT_QUANTS: [GgmlType; 15] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -195,6 +195,11 @@ impl GgmlType {
         GgmlType::Q4_K,
         GgmlType::Q5_K,
         GgmlType::Q6_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
 
     /// Parses a type name, case-insensitively ("q4_k", "Q8_0", "bf16").
@@ -302,6 +307,11 @@ impl GgmlType {
                 | GgmlType::Q5_K
                 | GgmlType::Q6_K
                 | GgmlType::Q8_K
+                | GgmlType::IQ2_XXS
+                | GgmlType::IQ2_XS
+                | GgmlType::IQ2_S
+                | GgmlType::IQ1_S
+                | GgmlType::IQ1_M
         )
     }
 

@@ -108,6 +108,11 @@ macro_rules! dispatch {
             GgmlType::Q5_K => $f::<BlockQ5K>($($arg),*),
             GgmlType::Q6_K => $f::<BlockQ6K>($($arg),*),
             GgmlType::Q8_K => $f::<BlockQ8K>($($arg),*),
+            GgmlType::IQ2_XXS => $f::<iq::BlockIQ2XXS>($($arg),*),
+            GgmlType::IQ2_XS => $f::<iq::BlockIQ2XS>($($arg),*),
+            GgmlType::IQ2_S => $f::<iq::BlockIQ2S>($($arg),*),
+            GgmlType::IQ1_S => $f::<iq::BlockIQ1S>($($arg),*),
+            GgmlType::IQ1_M => $f::<iq::BlockIQ1M>($($arg),*),
             other => Err(QuantError::Unsupported(other, $what)),
         }
     };

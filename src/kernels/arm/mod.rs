@@ -79,7 +79,8 @@ unsafe fn quant_rows_with<D: Dot>(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize
         GgmlType::Q4_K => run::<kquants::Q4K, D>(w, a, n_tok, out),
         GgmlType::Q5_K => run::<kquants::Q5K, D>(w, a, n_tok, out),
         GgmlType::Q6_K => run::<kquants::Q6K, D>(w, a, n_tok, out),
-        // Formats without a NEON kernel (Q8_1/Q8_K as weights): the scalar reference.
+        // Formats without a NEON kernel (Q8_1/Q8_K as weights, the IQ2/IQ1 lattice formats): the scalar
+        // reference.
         _ => super::scalar::quant_rows(ty, w, a, n_tok, out),
     }
 }

@@ -20,6 +20,7 @@ mod attend;
 pub mod avx2;
 pub mod avx512;
 mod float;
+mod iq2;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
@@ -408,7 +409,7 @@ mod tests {
             GgmlType::Q4_K => quant_rows::<Avx2, Q4K, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::Q5_K => quant_rows::<Avx2, Q5K, 4, 4, 4>(w, a, n_tok, out),
             GgmlType::Q6_K => quant_rows::<Avx2, Q6K, 4, 4, 4>(w, a, n_tok, out),
-            _ => unreachable!(),
+            other => scalar::quant_rows(other, w, a, n_tok, out),
         }
     }
 

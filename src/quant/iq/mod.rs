@@ -3,6 +3,13 @@
 
 pub mod blocks;
 pub mod grids;
+mod iq1;
+mod iq2s;
+mod iq2xs;
+mod iq2xxs;
 pub mod lattice;
+#[cfg(test)]
+mod lattice_tests;
+mod search;
 
 pub use blocks::*;

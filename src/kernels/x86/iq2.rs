@@ -1,0 +1,181 @@
+//! The 2-bit lattice formats IQ2_XXS, IQ2_XS and IQ2_S × Q8_K (AVX2).
+//!
+//! Per 32 values the four grid points are looked up by index and packed into one vector of unsigned
+//! grid bytes; the weights' signs go onto the activations (`sign_epi8` with ±1 bytes built from the sign
+//! bits), so `maddubs` multiplies unsigned grid bytes (≤ 43) with signed activations. Q8_K activations
+//! lie in −127..=127, so negating them cannot overflow, and pairs of products fit i16. The i32 sums
+//! and the per-group scale products are exact, and the float steps are the scalar reference's, so the
+//! results are bit-identical to `vec_dot_ref`.
+
+use core::arch::x86_64::*;
+
+use super::{f16_at, loadu, read_f32, read_u32};
+use crate::quant::iq::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
+
+/// Bytes of a Q8_K block, and the offset of its quants.
+const AB: usize = 292;
+const AQS: usize = 4;
+
+/// ±1 bytes from 32 sign bits: byte `8l + j` is −1 where bit `j` of byte `l` of `s` is set.
+#[inline(always)]
+unsafe fn sign_bytes(s: u32) -> __m256i {
+    let v = _mm256_set1_epi32(s as i32);
+    // Byte e takes byte e/8 of s (each 128-bit lane holds all four bytes of the broadcast).
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let bytes = _mm256_shuffle_epi8(v, shuf);
+    let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bits), bits);
+    _mm256_or_si256(set, _mm256_set1_epi8(1))
+}
+
+/// The four grid points `g` as 32 unsigned bytes, point 0 lowest.
+#[inline(always)]
+unsafe fn grid_bytes(g: [u64; 4]) -> __m256i {
+    _mm256_set_epi64x(g[3] as i64, g[2] as i64, g[1] as i64, g[0] as i64)
+}
+
+/// Σ grid·(±y) per i32 lane (bytes 4k..4k+4 in lane k).
+#[inline(always)]
+unsafe fn group_dot(grid: __m256i, signs: u32, y: *const u8) -> __m256i {
+    let ys = _mm256_sign_epi8(loadu(y), sign_bytes(signs));
+    _mm256_madd_epi16(_mm256_maddubs_epi16(grid, ys), _mm256_set1_epi16(1))
+}
+
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// One weight format: block bytes and the exact integer sum Σ scale·grid·y of one block.
+pub(crate) trait Iq2 {
+    const WB: usize;
+    unsafe fn block_sum(w: *const u8, y: *const u8) -> i32;
+}
+
+pub(crate) struct Iq2Xxs;
+pub(crate) struct Iq2Xs;
+pub(crate) struct Iq2S;
+
+impl Iq2 for Iq2Xxs {
+    const WB: usize = 66;
+    #[inline(always)]
+    unsafe fn block_sum(w: *const u8, y: *const u8) -> i32 {
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let aux0 = read_u32(w.add(2 + 8 * ib));
+            let aux1 = read_u32(w.add(6 + 8 * ib));
+            let g = std::array::from_fn(|l| IQ2XXS_GRID[(aux0 >> (8 * l)) as u8 as usize]);
+            let signs = (0..4).fold(0u32, |s, l| {
+                s | (KSIGNS_IQ2XS[((aux1 >> (7 * l)) & 127) as usize] as u32) << (8 * l)
+            });
+            let p = group_dot(grid_bytes(g), signs, y.add(32 * ib));
+            let ls = _mm256_set1_epi32(2 * (aux1 >> 28) as i32 + 1);
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, ls));
+        }
+        hsum_epi32(acc)
+    }
+}
+
+/// The scales of group `ib`: the low nibble for its first 16 values (lanes 0..4), the high for the rest.
+#[inline(always)]
+unsafe fn half_scales(sc: u8) -> __m256i {
+    let (lo, hi) = (2 * (sc & 0xf) as i32 + 1, 2 * (sc >> 4) as i32 + 1);
+    _mm256_setr_epi32(lo, lo, lo, lo, hi, hi, hi, hi)
+}
+
+impl Iq2 for Iq2Xs {
+    const WB: usize = 74;
+    #[inline(always)]
+    unsafe fn block_sum(w: *const u8, y: *const u8) -> i32 {
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let q: [u16; 4] = std::array::from_fn(|l| {
+                let p = w.add(2 + 8 * ib + 2 * l);
+                u16::from_le_bytes([*p, *p.add(1)])
+            });
+            let g = q.map(|q| IQ2XS_GRID[(q & 511) as usize]);
+            let signs = (0..4).fold(0u32, |s, l| {
+                s | (KSIGNS_IQ2XS[(q[l] >> 9) as usize] as u32) << (8 * l)
+            });
+            let p = group_dot(grid_bytes(g), signs, y.add(32 * ib));
+            let sc = half_scales(*w.add(66 + ib));
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc));
+        }
+        hsum_epi32(acc)
+    }
+}
+
+impl Iq2 for Iq2S {
+    const WB: usize = 82;
+    #[inline(always)]
+    unsafe fn block_sum(w: *const u8, y: *const u8) -> i32 {
+        let (qs, qh, signs, scales) = (w.add(2), w.add(66), w.add(34), w.add(74));
+        let mut acc = _mm256_setzero_si256();
+        for ib in 0..8 {
+            let h = *qh.add(ib) as usize;
+            let g = std::array::from_fn(|l| {
+                IQ2S_GRID[*qs.add(4 * ib + l) as usize | (h << (8 - 2 * l) & 0x300)]
+            });
+            let p = group_dot(grid_bytes(g), read_u32(signs.add(4 * ib)), y.add(32 * ib));
+            let sc = half_scales(*scales.add(ib));
+            acc = _mm256_add_epi32(acc, _mm256_mullo_epi32(p, sc));
+        }
+        hsum_epi32(acc)
+    }
+}
+
+/// One row of `nb` blocks · one Q8_K row: `0.125 · Σ_blocks d_w·d_y·sum`, as the scalar reference.
+#[inline(always)]
+unsafe fn dot_row<K: Iq2>(w: *const u8, a: *const u8, nb: usize) -> f32 {
+    let mut sumf = 0f32;
+    for i in 0..nb {
+        let (wb, ab) = (w.add(i * K::WB), a.add(i * AB));
+        let d = f16_at(wb) * read_f32(ab);
+        sumf += d * K::block_sum(wb, ab.add(AQS)) as f32;
+    }
+    0.125 * sumf
+}
+
+/// `out[r * n_tok + t] = W[r] · A[t]`.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C (the caller's target features).
+#[inline(always)]
+pub(crate) unsafe fn quant_rows<K: Iq2>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    if n_tok == 0 || out.is_empty() {
+        return;
+    }
+    let n_rows = out.len() / n_tok;
+    let (rb, ab) = (w.len() / n_rows, a.len() / n_tok);
+    let nb = rb / K::WB;
+    assert!(
+        n_rows * n_tok == out.len()
+            && rb * n_rows == w.len()
+            && nb * K::WB == rb
+            && ab * n_tok == a.len()
+            && nb * AB == ab,
+        "quant_rows: weight/activation lengths do not match"
+    );
+    for (r, o) in out.chunks_exact_mut(n_tok).enumerate() {
+        for (t, o) in o.iter_mut().enumerate() {
+            *o = dot_row::<K>(w.as_ptr().add(r * rb), a.as_ptr().add(t * ab), nb);
+        }
+    }
+}
+
+/// [`quant_rows`] compiled for AVX2 (both x86 tables use it: the AVX-512 table's CPUs have AVX2).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn rows_avx2<K: Iq2>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
+    quant_rows::<K>(w, a, n_tok, out)
+}
