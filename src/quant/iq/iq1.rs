@@ -5,10 +5,11 @@
 //! shift's sign in `qh`. IQ1_M: per 16 values two indices, a 3-bit scale and a shift sign per 8 values,
 //! the f16 super-scale spread over the top nibbles of the four u16 `scales`.
 //!
-//! ggml has no weightless quantizer for either (`from_float_ref` is NULL; llama-quantize refuses them
-//! without an importance matrix). [`BlockFormat::quantize`] here is, for IQ1_S, the weighted quantizer
-//! with every column's importance 1 and, for IQ1_M, `quantize_row_iq1_m_impl`'s own path without weights
-//! (weights `x²`); neither is a ggml output. [`ImatrixQuantize`] with weights is byte-identical with
+//! ggml has no reference quantizer for either (`from_float_ref` is NULL). IQ1_S's quantizer needs weights
+//! (llama-quantize refuses it without an importance matrix): [`BlockFormat::quantize`] here runs it with
+//! every column's importance 1, which is not a ggml output. IQ1_M's runs without weights (weights `x²`;
+//! `ggml_quantize_chunk` accepts that), and [`BlockFormat::quantize`] is that path, byte-identical with
+//! ggml (tests/fixtures/iq/ref-IQ1_M.bin). [`ImatrixQuantize`] with weights is byte-identical with
 //! `quantize_row_iq1_s_impl` / `quantize_row_iq1_m_impl` (up to the order of equal values, which ggml's
 //! unstable `qsort` leaves to the C library; here they keep their position).
 

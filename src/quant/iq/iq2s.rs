@@ -3,7 +3,8 @@
 //! The IQ2_M file type stores its matrices in this format.
 //!
 //! [`BlockFormat::quantize`] is ggml's `quantize_row_iq2_s_ref` (the same search with weights
-//! `sigma2/4 + x²`); [`ImatrixQuantize`] is `quantize_row_iq2_s_impl`, both byte-identical with ggml.
+//! `sigma2/4 + x²`; checked on tests/fixtures/iq/ref-IQ2_S.bin); [`ImatrixQuantize`] is
+//! `quantize_row_iq2_s_impl`, both byte-identical with ggml.
 
 use bytemuck::Zeroable;
 

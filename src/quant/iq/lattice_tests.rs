@@ -164,3 +164,22 @@ fn quantizers_round_trip() {
     BlockIQ2XXS::quantize(&[0.0; QK_K], &mut q);
     assert!(q[0].d == 0 && q[0].qs.iter().all(|&v| v == 0));
 }
+
+/// ggml's weightless quantizer on 4 rows of 512 (tools/make_iq_ref_vectors.py): the same bytes.
+fn check_ref_quantize<B: BlockFormat>(bytes: &[u8]) {
+    let n = 4 * 512;
+    let x: Vec<f32> = bytes[..4 * n]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let mut q = vec![B::zeroed(); n / QK_K];
+    B::quantize(&x, &mut q);
+    let got: &[u8] = bytemuck::cast_slice(&q);
+    assert_eq!(got, &bytes[4 * n..], "{}", B::TYPE);
+}
+
+#[test]
+fn weightless_quantizers_match_ggml() {
+    check_ref_quantize::<BlockIQ2S>(include_bytes!("../../../tests/fixtures/iq/ref-IQ2_S.bin"));
+    check_ref_quantize::<BlockIQ1M>(include_bytes!("../../../tests/fixtures/iq/ref-IQ1_M.bin"));
+}
