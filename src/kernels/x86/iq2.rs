@@ -1,16 +1,19 @@
-//! The 2-bit lattice formats IQ2_XXS, IQ2_XS and IQ2_S × Q8_K (AVX2).
+//! The lattice formats IQ2_XXS, IQ2_XS, IQ2_S and IQ1_S × Q8_K (AVX2).
 //!
-//! Per 32 values the four grid points are looked up by index and packed into one vector of unsigned
-//! grid bytes; the weights' signs go onto the activations (`sign_epi8` with ±1 bytes built from the sign
-//! bits), so `maddubs` multiplies unsigned grid bytes (≤ 43) with signed activations. Q8_K activations
-//! lie in −127..=127, so negating them cannot overflow, and pairs of products fit i16. The i32 sums
-//! and the per-group scale products are exact, and the float steps are the scalar reference's, so the
-//! results are bit-identical to `vec_dot_ref`.
+//! Per 32 values the four grid points are looked up by index and packed into one vector of grid bytes.
+//! IQ2: the weights' signs go onto the activations (`sign_epi8` with ±1 bytes built from the sign bits),
+//! so `maddubs` multiplies unsigned grid bytes (≤ 43) with signed activations. IQ1_S: the grid bytes are
+//! −1, 0 or 1, so `sign_epi8(y, grid)` is already the product. Q8_K activations lie in −127..=127, so
+//! negating them cannot overflow, and pairs of products fit i16. The i32 sums and the per-group scale
+//! products are exact, and the float steps are the scalar reference's, so the results are bit-identical
+//! to `vec_dot_ref`.
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, loadu, read_f32, read_u32};
-use crate::quant::iq::grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
+use super::{f16_at, loadu, read_f32, read_u16, read_u32};
+use crate::quant::iq::grids::{
+    IQ1S_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS,
+};
 
 /// Bytes of a Q8_K block, and the offset of its quants.
 const AB: usize = 292;
@@ -57,7 +60,15 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 /// One weight format: block bytes and the exact integer sum Σ scale·grid·y of one block.
 pub(crate) trait Iq2 {
     const WB: usize;
+    /// The factor of the row's sum (IQ2: 1/8).
+    const ROW_SCALE: f32 = 0.125;
     unsafe fn block_sum(w: *const u8, y: *const u8) -> i32;
+    /// One block's term of the row's sum (`w`, `a`: the whole blocks), as the scalar reference forms it.
+    #[inline(always)]
+    unsafe fn block_term(w: *const u8, a: *const u8) -> f32 {
+        let d = f16_at(w) * read_f32(a);
+        d * Self::block_sum(w, a.add(AQS)) as f32
+    }
 }
 
 pub(crate) struct Iq2Xxs;
@@ -132,16 +143,44 @@ impl Iq2 for Iq2S {
     }
 }
 
-/// One row of `nb` blocks · one Q8_K row: `0.125 · Σ_blocks d_w·d_y·sum`, as the scalar reference.
+pub(crate) struct Iq1S;
+
+impl Iq2 for Iq1S {
+    const WB: usize = 50;
+    const ROW_SCALE: f32 = 1.0;
+    unsafe fn block_sum(_: *const u8, _: *const u8) -> i32 {
+        unreachable!("IQ1_S forms its block term itself")
+    }
+    #[inline(always)]
+    unsafe fn block_term(w: *const u8, a: *const u8) -> f32 {
+        let (mut sumi, mut sumi1) = (0i32, 0i32);
+        for ib in 0..8 {
+            let qh = read_u16(w.add(34 + 2 * ib));
+            let g = std::array::from_fn(|l| {
+                IQ1S_GRID[*w.add(2 + 4 * ib + l) as usize | (((qh >> (3 * l)) & 7) as usize) << 8]
+            });
+            let prod = _mm256_sign_epi8(loadu(a.add(AQS + 32 * ib)), grid_bytes(g));
+            let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(1), prod);
+            let lsum = hsum_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+            let ls = 2 * ((qh >> 12) & 7) as i32 + 1;
+            let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+            let bsums = read_u16(a.add(260 + 4 * ib)) as i16 as i32
+                + read_u16(a.add(262 + 4 * ib)) as i16 as i32;
+            sumi += ls * lsum;
+            sumi1 += ls * delta * bsums;
+        }
+        f16_at(w) * read_f32(a) * (sumi as f32 + IQ1S_DELTA * sumi1 as f32)
+    }
+}
+
+/// One row of `nb` blocks · one Q8_K row: `ROW_SCALE · Σ_blocks term`, as the scalar reference.
 #[inline(always)]
 unsafe fn dot_row<K: Iq2>(w: *const u8, a: *const u8, nb: usize) -> f32 {
     let mut sumf = 0f32;
     for i in 0..nb {
-        let (wb, ab) = (w.add(i * K::WB), a.add(i * AB));
-        let d = f16_at(wb) * read_f32(ab);
-        sumf += d * K::block_sum(wb, ab.add(AQS)) as f32;
+        sumf += K::block_term(w.add(i * K::WB), a.add(i * AB));
     }
-    0.125 * sumf
+    K::ROW_SCALE * sumf
 }
 
 /// `out[r * n_tok + t] = W[r] · A[t]`.
@@ -178,4 +217,58 @@ pub(crate) unsafe fn quant_rows<K: Iq2>(w: &[u8], a: &[u8], n_tok: usize, out: &
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn rows_avx2<K: Iq2>(w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
     quant_rows::<K>(w, a, n_tok, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{self, GgmlType};
+
+    /// Random blocks (finite f16 scales) · Q8_K rows: the same f32 bits as the scalar reference.
+    fn bit_identical<K: Iq2>(ty: GgmlType) {
+        if !super::super::avx2::detected() {
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let (rows, n_tok, nb) = (5, 3, 4);
+        let n = nb * 256;
+        let mut w: Vec<u8> = (0..rows * nb * K::WB).map(|_| rnd() as u8).collect();
+        for b in w.chunks_exact_mut(K::WB) {
+            let d = ((rnd() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+            b[..2].copy_from_slice(&quant::f16_from_f32(d).to_le_bytes());
+        }
+        let x: Vec<f32> = (0..n_tok * n)
+            .map(|_| (rnd() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
+            .collect();
+        let mut a = vec![0u8; n_tok * nb * AB];
+        quant::quantize_row(GgmlType::Q8_K, &x, &mut a).unwrap();
+        let mut got = vec![0f32; rows * n_tok];
+        // SAFETY: AVX2, FMA and F16C were detected above.
+        unsafe { rows_avx2::<K>(&w, &a, n_tok, &mut got) };
+        let (rb, ab) = (nb * K::WB, nb * AB);
+        for r in 0..rows {
+            for t in 0..n_tok {
+                let want = quant::vec_dot_row(ty, &w[r * rb..][..rb], &a[t * ab..][..ab]).unwrap();
+                assert_eq!(
+                    got[r * n_tok + t].to_bits(),
+                    want.to_bits(),
+                    "{ty} r{r} t{t}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kernels_equal_scalar_bitwise() {
+        bit_identical::<Iq2Xxs>(GgmlType::IQ2_XXS);
+        bit_identical::<Iq2Xs>(GgmlType::IQ2_XS);
+        bit_identical::<Iq2S>(GgmlType::IQ2_S);
+        bit_identical::<Iq1S>(GgmlType::IQ1_S);
+    }
 }
