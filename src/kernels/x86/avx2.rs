@@ -82,8 +82,7 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::IQ2_XS => super::iq2::rows_avx2::<super::iq2::Iq2Xs>,
         GgmlType::IQ2_S => super::iq2::rows_avx2::<super::iq2::Iq2S>,
         GgmlType::IQ1_S => super::iq2::rows_avx2::<super::iq2::Iq1S>,
-        // IQ1_M has no kernel here yet: the scalar reference.
-        GgmlType::IQ1_M => return crate::kernels::scalar::quant_rows(ty, w, a, n_tok, out),
+        GgmlType::IQ1_M => super::iq2::rows_avx2::<super::iq2::Iq1M>,
         other => panic!("quant_rows called with {other}"),
     };
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed

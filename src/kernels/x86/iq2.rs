@@ -1,8 +1,8 @@
-//! The lattice formats IQ2_XXS, IQ2_XS, IQ2_S and IQ1_S × Q8_K (AVX2).
+//! The lattice formats IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S and IQ1_M × Q8_K (AVX2).
 //!
 //! Per 32 values the four grid points are looked up by index and packed into one vector of grid bytes.
 //! IQ2: the weights' signs go onto the activations (`sign_epi8` with ±1 bytes built from the sign bits),
-//! so `maddubs` multiplies unsigned grid bytes (≤ 43) with signed activations. IQ1_S: the grid bytes are
+//! so `maddubs` multiplies unsigned grid bytes (≤ 43) with signed activations. IQ1: the grid bytes are
 //! −1, 0 or 1, so `sign_epi8(y, grid)` is already the product. Q8_K activations lie in −127..=127, so
 //! negating them cannot overflow, and pairs of products fit i16. The i32 sums and the per-group scale
 //! products are exact, and the float steps are the scalar reference's, so the results are bit-identical
@@ -12,7 +12,7 @@ use core::arch::x86_64::*;
 
 use super::{f16_at, loadu, read_f32, read_u16, read_u32};
 use crate::quant::iq::grids::{
-    IQ1S_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS,
+    IQ1M_DELTA, IQ1S_DELTA, IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS,
 };
 
 /// Bytes of a Q8_K block, and the offset of its quants.
@@ -173,6 +173,61 @@ impl Iq2 for Iq1S {
     }
 }
 
+pub(crate) struct Iq1M;
+
+impl Iq2 for Iq1M {
+    const WB: usize = 56;
+    const ROW_SCALE: f32 = 1.0;
+    unsafe fn block_sum(_: *const u8, _: *const u8) -> i32 {
+        unreachable!("IQ1_M forms its block term itself")
+    }
+    #[inline(always)]
+    unsafe fn block_term(w: *const u8, a: *const u8) -> f32 {
+        let sc: [u16; 4] = std::array::from_fn(|k| read_u16(w.add(48 + 2 * k)));
+        let d16 =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00f0) | ((sc[2] >> 4) & 0x0f00) | (sc[3] & 0xf000);
+        let d = f16_at(d16.to_le_bytes().as_ptr());
+        let ones = _mm256_set1_epi8(1);
+        let (mut acc1, mut acc2) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for ib in 0..8 {
+            let (qs, qh) = (w.add(4 * ib), w.add(32 + 2 * ib));
+            let g = std::array::from_fn(|l| {
+                let h = (*qh.add(l / 2) as usize) << (8 - 4 * (l % 2)) & 0x700;
+                IQ1S_GRID[*qs.add(l) as usize | h]
+            });
+            let y = loadu(a.add(AQS + 32 * ib));
+            let prod = _mm256_sign_epi8(y, grid_bytes(g));
+            let s1 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, prod), _mm256_set1_epi16(1));
+            let s2 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, y), _mm256_set1_epi16(1));
+            let ls = |h: usize| 2 * ((sc[ib / 2] >> (6 * (ib % 2) + 3 * h)) & 7) as i32 + 1;
+            let (ls1, ls2) = (ls(0), ls(1));
+            let dl = |l: usize| {
+                let minus = *qh.add(l / 2) & (0x08 << (4 * (l % 2))) != 0;
+                if minus {
+                    -1
+                } else {
+                    1
+                }
+            };
+            let m2 = _mm256_setr_epi32(
+                dl(0) * ls1,
+                dl(0) * ls1,
+                dl(1) * ls1,
+                dl(1) * ls1,
+                dl(2) * ls2,
+                dl(2) * ls2,
+                dl(3) * ls2,
+                dl(3) * ls2,
+            );
+            let m1 = _mm256_setr_epi32(ls1, ls1, ls1, ls1, ls2, ls2, ls2, ls2);
+            acc1 = _mm256_add_epi32(acc1, _mm256_mullo_epi32(s1, m1));
+            acc2 = _mm256_add_epi32(acc2, _mm256_mullo_epi32(s2, m2));
+        }
+        let (sumi1, sumi2) = (hsum_epi32(acc1), hsum_epi32(acc2));
+        d * read_f32(a) * (sumi1 as f32 + IQ1M_DELTA * sumi2 as f32)
+    }
+}
+
 /// One row of `nb` blocks · one Q8_K row: `ROW_SCALE · Σ_blocks term`, as the scalar reference.
 #[inline(always)]
 unsafe fn dot_row<K: Iq2>(w: *const u8, a: *const u8, nb: usize) -> f32 {
@@ -241,7 +296,16 @@ mod tests {
         let mut w: Vec<u8> = (0..rows * nb * K::WB).map(|_| rnd() as u8).collect();
         for b in w.chunks_exact_mut(K::WB) {
             let d = ((rnd() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
-            b[..2].copy_from_slice(&quant::f16_from_f32(d).to_le_bytes());
+            let h = quant::f16_from_f32(d);
+            if ty == GgmlType::IQ1_M {
+                // The f16 scale's nibble k is the top nibble of the u16 scale word k.
+                for k in 0..4 {
+                    let v = &mut b[48 + 2 * k + 1];
+                    *v = (*v & 0x0F) | (((h >> (4 * k)) & 0xF) << 4) as u8;
+                }
+            } else {
+                b[..2].copy_from_slice(&h.to_le_bytes());
+            }
         }
         let x: Vec<f32> = (0..n_tok * n)
             .map(|_| (rnd() >> 40) as f32 / (1u64 << 23) as f32 - 1.0)
@@ -270,5 +334,6 @@ mod tests {
         bit_identical::<Iq2Xs>(GgmlType::IQ2_XS);
         bit_identical::<Iq2S>(GgmlType::IQ2_S);
         bit_identical::<Iq1S>(GgmlType::IQ1_S);
+        bit_identical::<Iq1M>(GgmlType::IQ1_M);
     }
 }
