@@ -62,6 +62,9 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::TQ2_0 => &[64],
         // MXFP4's scale is an E8M0 byte (see `weight_rows`).
         GgmlType::MXFP4 => &[],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ1_S => &[0],
+        // IQ1_M's f16 scale is spread over nibbles: set by `weight_rows` itself.
+        GgmlType::IQ1_M => &[],
         _ => unreachable!(),
     }
 }
@@ -87,6 +90,10 @@ fn code_bytes(ty: GgmlType) -> std::ops::Range<usize> {
         GgmlType::TQ1_0 => 0..52,
         GgmlType::TQ2_0 => 0..64,
         GgmlType::MXFP4 => 1..17,
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS => 2..66,
+        GgmlType::IQ2_S => 2..74,
+        GgmlType::IQ1_S => 2..34,
+        GgmlType::IQ1_M => 0..48,
         _ => unreachable!(),
     }
 }
@@ -125,6 +132,14 @@ fn weight_rows(ty: GgmlType, rows: usize, n: usize, fill: Fill, rng: &mut Rng) -
         if ty == GgmlType::MXFP4 {
             // E8M0 scales 2^-24 .. 2^7, clear of the f32 overflow of the largest bytes.
             blk[0] = 104 + rng.byte() % 32;
+        }
+        if ty == GgmlType::IQ1_M {
+            // The f16 super-scale's nibble k is the top nibble of the u16 scale word k.
+            let h = quant::f16_from_f32(rng.f() * 10f32.powi((rng.byte() % 5) as i32 - 3));
+            for k in 0..4 {
+                let b = &mut blk[48 + 2 * k + 1];
+                *b = (*b & 0x0F) | (((h >> (4 * k)) & 0xF) << 4) as u8;
+            }
         }
     }
     w

@@ -7,9 +7,7 @@ use std::path::{Path, PathBuf};
 
 use deltaq::gguf::GgufFile;
 use deltaq::quant::GgmlType;
-use deltaq::quantize::{
-    plan_weighted, quantize_file, FileType, Imatrix, ImatrixOptions, QuantizeOptions,
-};
+use deltaq::quantize::{quantize_file, FileType, Imatrix, ImatrixOptions, QuantizeOptions};
 use sha2::{Digest, Sha256};
 
 fn root(rel: &str) -> PathBuf {
@@ -114,40 +112,11 @@ fn check_data(name: &str) {
     );
 }
 
-/// Compares the planned tensor types only (for the IQ ftypes).
-fn check_types(name: &str) {
-    let opts = options(name, &imatrix_gguf());
-    let m = opts.imatrix.as_ref().unwrap().load().unwrap();
-    let f = GgufFile::open(model()).unwrap();
-    let (plan, weights) = plan_weighted(&f, &opts, m.as_ref()).unwrap();
-    let ours: Vec<String> = plan
-        .iter()
-        .map(|p| format!("{} {}", p.source.name(), p.ty))
-        .collect();
-    let theirs: Vec<String> = reference(name)
-        .into_iter()
-        .map(|(n, t, _)| format!("{n} {t}"))
-        .collect();
-    assert_eq!(ours, theirs, "{name}: tensor types differ");
-    // Every tensor llama-imatrix saw gets its weights.
-    let with = weights.iter().filter(|w| w.is_some()).count();
-    assert_eq!(with, 62, "{name}: tensors with importance weights");
-}
-
 macro_rules! data_tests {
     ($($test:ident => $name:literal),* $(,)?) => {
         $(#[test]
         fn $test() {
             check_data($name);
-        })*
-    };
-}
-
-macro_rules! type_tests {
-    ($($test:ident => $name:literal),* $(,)?) => {
-        $(#[test]
-        fn $test() {
-            check_types($name);
         })*
     };
 }
@@ -182,21 +151,18 @@ data_tests! {
     pure_iq4_xs => "pure-IQ4_XS",
     pure_iq3_xxs => "pure-IQ3_XXS",
     pure_iq3_s => "pure-IQ3_S",
-}
-
-type_tests! {
-    types_iq3_xxs => "IQ3_XXS",
-    types_iq2_xxs => "IQ2_XXS",
-    types_iq2_xs => "IQ2_XS",
-    types_iq2_s => "IQ2_S",
-    types_iq2_m => "IQ2_M",
-    types_iq1_s => "IQ1_S",
-    types_iq1_m => "IQ1_M",
-    types_pure_iq2_xxs => "pure-IQ2_XXS",
-    types_pure_iq2_xs => "pure-IQ2_XS",
-    types_pure_iq2_s => "pure-IQ2_S",
-    types_pure_iq1_s => "pure-IQ1_S",
-    types_pure_iq1_m => "pure-IQ1_M",
+    ftype_iq3_xxs => "IQ3_XXS",
+    ftype_iq2_xxs => "IQ2_XXS",
+    ftype_iq2_xs => "IQ2_XS",
+    ftype_iq2_s => "IQ2_S",
+    ftype_iq2_m => "IQ2_M",
+    ftype_iq1_s => "IQ1_S",
+    ftype_iq1_m => "IQ1_M",
+    pure_iq2_xxs => "pure-IQ2_XXS",
+    pure_iq2_xs => "pure-IQ2_XS",
+    pure_iq2_s => "pure-IQ2_S",
+    pure_iq1_s => "pure-IQ1_S",
+    pure_iq1_m => "pure-IQ1_M",
 }
 
 /// The same matrix as a legacy .dat file gives the same file (llama-quantize agrees: see
@@ -306,12 +272,6 @@ fn missing_weights_for_a_low_bit_tensor_is_an_error() {
         e.contains("missing importance matrix") && e.contains("ffn_up"),
         "{e}"
     );
-}
-
-#[test]
-fn iq_quantizers_are_reported_as_not_implemented() {
-    let e = err_of(&options("IQ2_M", &imatrix_gguf()));
-    assert!(e.contains("not implemented yet"), "{e}");
 }
 
 #[test]

@@ -187,7 +187,7 @@ impl GgmlType {
     }
 
     /// The block-quantized weight formats (those with a dot product against a Q8 activation format).
-    pub const WEIGHT_QUANTS: [GgmlType; 17] = [
+    pub const WEIGHT_QUANTS: [GgmlType; 22] = [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
         GgmlType::Q5_0,
@@ -205,6 +205,11 @@ impl GgmlType {
         GgmlType::TQ1_0,
         GgmlType::TQ2_0,
         GgmlType::MXFP4,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
     ];
 
     /// Parses a type name, case-insensitively ("q4_k", "Q8_0", "bf16").
@@ -319,6 +324,11 @@ impl GgmlType {
                 | GgmlType::TQ1_0
                 | GgmlType::TQ2_0
                 | GgmlType::MXFP4
+                | GgmlType::IQ2_XXS
+                | GgmlType::IQ2_XS
+                | GgmlType::IQ2_S
+                | GgmlType::IQ1_S
+                | GgmlType::IQ1_M
         )
     }
 

@@ -119,6 +119,11 @@ macro_rules! dispatch {
             GgmlType::TQ1_0 => $f::<iq::BlockTQ1_0>($($arg),*),
             GgmlType::TQ2_0 => $f::<iq::BlockTQ2_0>($($arg),*),
             GgmlType::MXFP4 => $f::<iq::BlockMXFP4>($($arg),*),
+            GgmlType::IQ2_XXS => $f::<iq::BlockIQ2XXS>($($arg),*),
+            GgmlType::IQ2_XS => $f::<iq::BlockIQ2XS>($($arg),*),
+            GgmlType::IQ2_S => $f::<iq::BlockIQ2S>($($arg),*),
+            GgmlType::IQ1_S => $f::<iq::BlockIQ1S>($($arg),*),
+            GgmlType::IQ1_M => $f::<iq::BlockIQ1M>($($arg),*),
             other => Err(QuantError::Unsupported(other, $what)),
         }
     };
@@ -206,11 +211,11 @@ pub fn quantize_row_imatrix(
         GgmlType::IQ3_S => quant_imatrix::<iq::BlockIQ3S>(x, qw, out),
         GgmlType::IQ4_NL => quant_imatrix::<iq::BlockIQ4NL>(x, qw, out),
         GgmlType::IQ4_XS => quant_imatrix::<iq::BlockIQ4XS>(x, qw, out),
-        GgmlType::IQ2_XXS
-        | GgmlType::IQ2_XS
-        | GgmlType::IQ2_S
-        | GgmlType::IQ1_S
-        | GgmlType::IQ1_M => Err(QuantError::NotImplemented(ty)),
+        GgmlType::IQ2_XXS => quant_imatrix::<iq::BlockIQ2XXS>(x, qw, out),
+        GgmlType::IQ2_XS => quant_imatrix::<iq::BlockIQ2XS>(x, qw, out),
+        GgmlType::IQ2_S => quant_imatrix::<iq::BlockIQ2S>(x, qw, out),
+        GgmlType::IQ1_S => quant_imatrix::<iq::BlockIQ1S>(x, qw, out),
+        GgmlType::IQ1_M => quant_imatrix::<iq::BlockIQ1M>(x, qw, out),
         // ggml's quantizers of these take no importance weights: the reference quantizer.
         GgmlType::TQ1_0 | GgmlType::TQ2_0 | GgmlType::MXFP4 => quantize_row(ty, x, out),
         other => Err(QuantError::Unsupported(other, "quantizer")),

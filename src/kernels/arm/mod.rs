@@ -86,7 +86,8 @@ unsafe fn quant_rows_with<D: Dot>(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize
         GgmlType::Q6_K => run::<kquants::Q6K, D>(w, a, n_tok, out),
         GgmlType::IQ4_NL => run::<iq4::IQ4NL, D>(w, a, n_tok, out),
         GgmlType::IQ4_XS => run::<iq4::IQ4XS, D>(w, a, n_tok, out),
-        // Formats without a NEON kernel (IQ3_XXS, IQ3_S, TQ1_0, TQ2_0, MXFP4; Q8_1/Q8_K as weights): the scalar reference.
+        // Formats without a NEON kernel (the IQ3/IQ2/IQ1 lattice formats, TQ1_0, TQ2_0, MXFP4; Q8_1/Q8_K
+        // as weights): the scalar reference.
         _ => super::scalar::quant_rows(ty, w, a, n_tok, out),
     }
 }

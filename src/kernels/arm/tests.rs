@@ -43,6 +43,7 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
         GgmlType::IQ4_NL | GgmlType::IQ4_XS => &[0],
         GgmlType::TQ1_0 => &[52],
         GgmlType::TQ2_0 => &[64],
+        GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ1_S => &[0],
         _ => &[],
     }
 }
@@ -50,6 +51,14 @@ fn f16_fields(ty: GgmlType) -> &'static [usize] {
 fn set_f16(block: &mut [u8], ty: GgmlType, f: &mut impl FnMut() -> u16) {
     for &o in f16_fields(ty) {
         block[o..o + 2].copy_from_slice(&f().to_le_bytes());
+    }
+    if ty == GgmlType::IQ1_M {
+        // The f16 super-scale's nibble k is the top nibble of the u16 scale word k.
+        let h = f();
+        for k in 0..4 {
+            let b = &mut block[48 + 2 * k + 1];
+            *b = (*b & 0x0F) | (((h >> (4 * k)) & 0xF) << 4) as u8;
+        }
     }
 }
 

@@ -90,7 +90,12 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::IQ3_S => iq3_s,
         GgmlType::IQ4_NL => iq4_nl,
         GgmlType::IQ4_XS => iq4_xs,
-        // Formats without a kernel here (TQ1_0, TQ2_0, MXFP4; IQ formats without one): the scalar reference.
+        GgmlType::IQ2_XXS => super::iq2::rows_avx2::<super::iq2::Iq2Xxs>,
+        GgmlType::IQ2_XS => super::iq2::rows_avx2::<super::iq2::Iq2Xs>,
+        GgmlType::IQ2_S => super::iq2::rows_avx2::<super::iq2::Iq2S>,
+        GgmlType::IQ1_S => super::iq2::rows_avx2::<super::iq2::Iq1S>,
+        GgmlType::IQ1_M => super::iq2::rows_avx2::<super::iq2::Iq1M>,
+        // Formats without a kernel here (TQ1_0, TQ2_0, MXFP4): the scalar reference.
         _ => return crate::kernels::scalar::quant_rows(ty, w, a, n_tok, out),
     };
     // SAFETY: this table is only handed out after `detected()` (is_x86_feature_detected!) confirmed

@@ -20,6 +20,7 @@ mod attend;
 pub mod avx2;
 pub mod avx512;
 mod float;
+mod iq2;
 mod iq3;
 mod iq4xs;
 mod kgemm;

@@ -3,11 +3,19 @@
 
 pub mod blocks;
 pub mod grids;
+mod iq1;
+mod iq2s;
+mod iq2xs;
+mod iq2xxs;
 mod iq3s;
 mod iq3xxs;
 mod iq4;
+pub mod lattice;
 mod lattice3;
+#[cfg(test)]
+mod lattice_tests;
 mod mxfp4;
+mod search;
 mod ternary;
 
 pub use blocks::*;
