@@ -8,7 +8,7 @@ use anyhow::{bail, Context};
 use deltaq::gguf::GgufFile;
 use deltaq::model::{KvType, Model};
 use deltaq::perplexity::{self as ppl, LogitsWriter, Options, Plan, PlotPoint, Scores};
-use deltaq::quantize::{quantize_file, FileType, QuantizeOptions};
+use deltaq::quantize::{quantize_file, FileType, ImatrixOptions, QuantizeOptions};
 use deltaq::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -53,6 +53,10 @@ pub struct Args {
         default_value = "q8_0,q6_k,q5_k_m,q4_k_m,q3_k_m,q2_k"
     )]
     types: Vec<FileType>,
+    /// With --quantize-from: also make every type with this importance matrix (llama-imatrix or
+    /// deltaq imatrix, GGUF or .dat) and compare both variants; types that need one are made with it only
+    #[arg(long, value_name = "FILE", requires = "quantize_from")]
+    imatrix: Option<PathBuf>,
     /// Keep the files made by --quantize-from (their folder is printed) instead of deleting them
     #[arg(long)]
     keep: bool,
@@ -88,6 +92,8 @@ struct FileInfo {
     path: PathBuf,
     name: String,
     ftype: String,
+    /// Made with an importance matrix (llama-quantize's `quantize.imatrix.*` keys).
+    imatrix: bool,
     size: u64,
     bpw: f64,
 }
@@ -110,6 +116,8 @@ fn file_info(path: &Path, f: &GgufFile) -> FileInfo {
             |n| n.to_string_lossy().into_owned(),
         ),
         ftype,
+        imatrix: f.get("quantize.imatrix.file").is_some()
+            || f.get("quantize.imatrix.entries_count").is_some(),
         size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         bpw: bytes as f64 * 8.0 / elements.max(1) as f64,
     }
@@ -147,22 +155,43 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         };
         paths.push(src.clone());
         base_path.get_or_insert_with(|| src.clone());
+        let imatrix = a.imatrix.as_ref().map(|path| ImatrixOptions {
+            path: path.clone(),
+            include: Vec::new(),
+            exclude: Vec::new(),
+        });
         for &ty in &a.types {
-            let out = dir.path().join(format!("{stem}-{}.gguf", ty.name()));
-            eprintln!("quantizing {} to {ty}", src.display());
-            let opts = QuantizeOptions {
-                ftype: ty,
-                pure: false,
-                keep: Vec::new(),
-                overwrite: true,
-                progress: true,
-                imatrix: None,
-                token_embedding_type: None,
-                output_tensor_type: None,
-            };
-            quantize_file(src, &out, &opts)
-                .with_context(|| format!("quantizing {} to {ty}", src.display()))?;
-            paths.push(out);
+            // Without the matrix unless the type cannot be made so; with it too when one is given.
+            let mut variants = Vec::new();
+            if imatrix.is_none() || !ty.needs_imatrix() {
+                variants.push(None);
+            }
+            variants.extend(imatrix.clone().map(Some));
+            for im in variants {
+                let suffix = if im.is_some() { "-imatrix" } else { "" };
+                let out = dir
+                    .path()
+                    .join(format!("{stem}-{}{suffix}.gguf", ty.name()));
+                let with = if im.is_some() {
+                    " with the importance matrix"
+                } else {
+                    ""
+                };
+                eprintln!("quantizing {} to {ty}{with}", src.display());
+                let opts = QuantizeOptions {
+                    ftype: ty,
+                    pure: false,
+                    keep: Vec::new(),
+                    overwrite: true,
+                    progress: true,
+                    imatrix: im,
+                    token_embedding_type: None,
+                    output_tensor_type: None,
+                };
+                quantize_file(src, &out, &opts)
+                    .with_context(|| format!("quantizing {} to {ty}{with}", src.display()))?;
+                paths.push(out);
+            }
         }
         tmp = Some(dir);
     }
@@ -448,8 +477,7 @@ fn evaluate_files(
                 ppl_err: s.ppl_err(),
                 kl_mean: s.kl.as_ref().map(|k| k.mean),
                 reference: i == base || is_unquantized(&info.ftype),
-                // the sweep quantizes without an importance matrix (yet)
-                imatrix: false,
+                imatrix: info.imatrix,
             })
             .collect();
         let text_name = a
@@ -493,11 +521,15 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 
 /// Point labels: the file types when they tell the files apart, else the file names.
 fn labels(infos: &[FileInfo]) -> Vec<String> {
-    let mut types: Vec<&str> = infos.iter().map(|i| i.ftype.as_str()).collect();
+    let typed = |i: &FileInfo| {
+        let mark = if i.imatrix { " imatrix" } else { "" };
+        format!("{}{mark}", i.ftype)
+    };
+    let mut types: Vec<String> = infos.iter().map(typed).collect();
     types.sort_unstable();
     types.dedup();
-    if types.len() == infos.len() && !types.contains(&"?") {
-        infos.iter().map(|i| i.ftype.clone()).collect()
+    if types.len() == infos.len() && !infos.iter().any(|i| i.ftype == "?") {
+        infos.iter().map(typed).collect()
     } else {
         infos.iter().map(|i| i.name.clone()).collect()
     }
@@ -508,6 +540,7 @@ fn json_line(info: &FileInfo, s: &Scores, plan: &Plan, n_tokens: usize, is_base:
     let v = serde_json::json!({
         "file": info.path.display().to_string(),
         "type": info.ftype,
+        "imatrix": info.imatrix,
         "size_bytes": info.size,
         "bpw": info.bpw,
         "ppl": s.ppl(),

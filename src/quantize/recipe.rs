@@ -163,6 +163,14 @@ impl FileType {
         FileType::ALL.into_iter().find(|f| f.name() == alias)
     }
 
+    /// Whether llama-quantize refuses to make this file type without an importance matrix: its
+    /// default type needs one ([`tensor_requires_imatrix`]), or some of its tensors get IQ3_XXS
+    /// (IQ3_XS).
+    pub fn needs_imatrix(self) -> bool {
+        self == FileType::IQ3_XS
+            || tensor_requires_imatrix("blk.0.ffn_up.weight", self.default_type(), self)
+    }
+
     /// The type of every quantizable tensor that no rule singles out (`llama_ftype_get_default_type`).
     pub fn default_type(self) -> GgmlType {
         use GgmlType as T;
