@@ -377,3 +377,67 @@ fn inconsistent_gguf_imatrix_files_are_errors() {
     let e = err_of(&options("Q4_K_M", &non_finite));
     assert!(e.contains("non-finite"), "{e}");
 }
+
+/// A file with a multi-token-prediction block (the demo model): importance matrices never cover that
+/// block, so the 2-bit types refuse it with a message that names the block and the way out, and
+/// `--keep-f32 'blk.N.'` makes the file.
+#[test]
+fn mtp_block_without_weights_is_explained() {
+    let dir = tempfile::tempdir().unwrap();
+    let demo = root("models/tiny-kjv-mtp-Q8_0.gguf");
+    let imx = dir.path().join("demo.imatrix.gguf");
+    let text = root("eval/eval-john.txt");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_deltaq"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&[
+        "imatrix",
+        "-m",
+        demo.to_str().unwrap(),
+        "-f",
+        text.to_str().unwrap(),
+        "-c",
+        "128",
+        "--chunks",
+        "4",
+        "--no-ppl",
+        "-o",
+        imx.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let q = dir.path().join("q.gguf");
+    let quantize = |extra: &[&str]| {
+        let mut args = vec!["quantize", "--imatrix", imx.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        args.extend([demo.to_str().unwrap(), q.to_str().unwrap(), "IQ2_XXS"]);
+        run(&args)
+    };
+    let out = quantize(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("blk.8.")
+            && err.contains("multi-token-prediction")
+            && err.contains("--keep-f32 'blk.8.'"),
+        "{err}"
+    );
+    assert!(!q.exists(), "no partial output is left behind");
+    let out = quantize(&["--keep-f32", "blk.8."]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = GgufFile::open(&q).unwrap();
+    assert!(f
+        .tensors()
+        .iter()
+        .any(|t| t.name.starts_with("blk.0.") && t.ty.name() == "IQ2_XXS"));
+}

@@ -389,8 +389,22 @@ pub fn plan_weighted<'a, 'm>(
         if let (Some(m), true) = (imatrix, ty != info.ty) {
             qw = tensor_weights(m, name, &info.ne, opts.progress)?;
             if qw.is_none() && needs_imatrix {
+                // llama-imatrix (and deltaq imatrix) never run the multi-token-prediction block, whose
+                // layer index is `block_count - nextn_predict_layers` and up.
+                let n_mtp = f
+                    .get_u64(&format!("{arch}.nextn_predict_layers"))
+                    .unwrap_or(0);
+                let mtp = (n_layer.saturating_sub(n_mtp)..n_layer)
+                    .map(|il| format!("blk.{il}."))
+                    .find(|p| name.starts_with(p.as_str()));
+                let hint = mtp.map_or_else(String::new, |p| {
+                    format!(
+                        "; {name} is in the multi-token-prediction block, which importance matrices \
+                         never cover: --keep-f32 '{p}' keeps that block as it is"
+                    )
+                });
                 bail!(
-                    "missing importance matrix for tensor {name} in a very low-bit quantization ({ty})"
+                    "missing importance matrix for tensor {name} in a very low-bit quantization ({ty}){hint}"
                 );
             }
         }
