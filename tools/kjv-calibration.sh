@@ -17,9 +17,9 @@ part=
 trap 'rm -rf "$tmp" ${part:+"$part"}' EXIT
 (cd "$tmp" && apt-get download bible-kjv-text bible-kjv >/dev/null 2>&1) ||
   { echo "apt-get download bible-kjv-text bible-kjv failed" >&2; exit 1; }
-for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$tmp/root"; done
+for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$tmp/pkg"; done
 # -f: references and one verse per line (pretty-printing off); -p: the data file's folder.
-"$tmp/root/usr/bin/bible" -f -p "$tmp/root/usr/lib" "gen1:1-rev22:21" >"$tmp/verses.txt" 2>/dev/null
+"$tmp/pkg/usr/bin/bible" -f -p "$tmp/pkg/usr/lib" "gen1:1-rev22:21" >"$tmp/verses.txt" 2>/dev/null
 n=$(wc -l <"$tmp/verses.txt")
 [ "$n" -eq 31102 ] || { echo "expected the 31102 verses of the KJV, got $n lines" >&2; exit 1; }
 # References look like Ge1:1, 1Sm3:4, John3:16, 1Jn1:1, Rev22:21.

@@ -144,20 +144,7 @@ impl Lattice {
         scale: f32,
         l: &mut [i8],
     ) -> usize {
-        let mut best = f32::MAX;
-        let mut index = candidates[0] as usize;
-        for &j in candidates {
-            let p = &self.points[j as usize];
-            let mut d2 = 0f32;
-            for i in 0..8 {
-                let diff = scale * p[i] as f32 - x[i];
-                d2 += w[i] * diff * diff;
-            }
-            if d2 < best {
-                best = d2;
-                index = j as usize;
-            }
-        }
+        let index = super::search::nearest_point(&self.points, candidates, x, w, scale);
         l[..8].copy_from_slice(&self.levels(index));
         index
     }

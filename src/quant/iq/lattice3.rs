@@ -122,20 +122,7 @@ impl Lattice3 {
         scale: f32,
         l: &mut [i8],
     ) -> usize {
-        let mut best = f32::MAX;
-        let mut index = cands[0] as usize;
-        for &j in cands {
-            let pg = &self.grid[j as usize];
-            let mut d2 = 0.0f32;
-            for i in 0..4 {
-                let diff = scale * pg[i] as f32 - x[i];
-                d2 += w[i] * diff * diff;
-            }
-            if d2 < best {
-                best = d2;
-                index = j as usize;
-            }
-        }
+        let index = super::search::nearest_point(&self.grid, cands, x, w, scale);
         l[..4].copy_from_slice(&self.levels(index));
         index
     }

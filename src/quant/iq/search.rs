@@ -1,5 +1,6 @@
-//! Pieces shared by the lattice quantizers (IQ2/IQ1), each a literal transcription of ggml's expression
-//! order (f32, left to right, no FMA), as byte identity with llama-quantize needs.
+//! Pieces shared by the lattice quantizers (IQ2/IQ1; the neighbour search also IQ3), each a literal
+//! transcription of ggml's expression order (f32, left to right, no FMA), as byte identity with
+//! llama-quantize needs.
 
 use crate::quant::nearest_int;
 
@@ -123,4 +124,31 @@ pub(super) fn make_qp_quants(nmax: i32, x: &[f32], l: &mut [u8], w: &[f32]) -> f
     } else {
         0.0
     }
+}
+
+/// ggml's `iq2_find_best_neighbour` / `iq3_find_best_neighbour`: the index of the candidate point
+/// minimizing `Σ w_i (scale·p_i − x_i)²`, the first on ties (and the first candidate when no distance is
+/// below `f32::MAX`, where ggml aborts, so overflowing input cannot panic).
+pub(super) fn nearest_point<const N: usize>(
+    points: &[[i8; N]],
+    candidates: &[u16],
+    x: &[f32],
+    w: &[f32],
+    scale: f32,
+) -> usize {
+    let mut best = f32::MAX;
+    let mut index = candidates[0] as usize;
+    for &j in candidates {
+        let p = &points[j as usize];
+        let mut d2 = 0f32;
+        for i in 0..N {
+            let diff = scale * p[i] as f32 - x[i];
+            d2 += w[i] * diff * diff;
+        }
+        if d2 < best {
+            best = d2;
+            index = j as usize;
+        }
+    }
+    index
 }
