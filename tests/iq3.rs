@@ -85,27 +85,13 @@ fn vec_dot_matches_dequantized_dot() {
     }
 }
 
-/// `llama-quantize`'s per-column weights: `in_sum2 / counts` (1 where nothing was counted).
+/// `llama-quantize`'s per-column weights, as `deltaq quantize --imatrix` loads them.
 fn imatrix() -> HashMap<String, Vec<f32>> {
-    let f = GgufFile::open(fixture("imatrix/tiny-r2.imatrix.gguf")).unwrap();
-    let mut out = HashMap::new();
-    for t in f.tensors() {
-        let Some(name) = t.name.strip_suffix(".in_sum2") else {
-            continue;
-        };
-        let sums = f32s(f.tensor_data(t));
-        let (_, counts) = f.tensor_by_name(&format!("{name}.counts")).unwrap();
-        let counts = f32s(counts);
-        let ne0 = sums.len() / counts.len();
-        let mut e = vec![0f32; sums.len()];
-        for (j, &c) in counts.iter().enumerate() {
-            for i in j * ne0..(j + 1) * ne0 {
-                e[i] = if c > 0.0 { sums[i] / c } else { 1.0 };
-            }
-        }
-        out.insert(name.to_string(), e);
-    }
-    out
+    deltaq::quantize::Imatrix::load(&fixture("imatrix/tiny-r2.imatrix.gguf"))
+        .unwrap()
+        .entries
+        .into_iter()
+        .collect()
 }
 
 fn quantize_tensor<B: ImatrixQuantize>(x: &[f32], ne0: usize, qw: Option<&[f32]>) -> Vec<u8> {

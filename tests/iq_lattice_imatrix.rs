@@ -23,26 +23,11 @@ fn open(p: &Path) -> GgufFile {
     GgufFile::open(p).unwrap()
 }
 
-/// llama-quantize's per-column weights for `name`: `in_sum2 / count` (1 where nothing was counted).
-fn importance(imx: &GgufFile, name: &str) -> Vec<f32> {
-    let floats = |t: &str| -> Vec<f32> {
-        let (_, b) = imx.tensor_by_name(t).unwrap();
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
-    let sums = floats(&format!("{name}.in_sum2"));
-    let counts = floats(&format!("{name}.counts"));
-    assert_eq!(counts.len(), 1, "{name}: one expert");
-    let count = counts[0];
-    sums.iter()
-        .map(|&s| if count > 0.0 { s / count } else { 1.0 })
-        .collect()
-}
-
 fn check<B: ImatrixQuantize>(tsv: &str) {
     let model = open(&root().join("shared/tiny-r2/tiny-r2-F32.gguf"));
-    let imx = open(&root().join("imatrix/tiny-r2.imatrix.gguf"));
+    // llama-quantize's per-column weights, as `deltaq quantize --imatrix` loads them.
+    let imx =
+        deltaq::quantize::Imatrix::load(&root().join("imatrix/tiny-r2.imatrix.gguf")).unwrap();
     let table = std::fs::read_to_string(root().join("imatrix/quant").join(tsv)).unwrap();
     let (mut checked, mut bad) = (0, Vec::new());
     for line in table.lines() {
@@ -56,11 +41,11 @@ fn check<B: ImatrixQuantize>(tsv: &str) {
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         let n = info.row_len() as usize;
-        let qw = importance(&imx, f[0]);
+        let qw = &imx.entries[f[0]];
         assert_eq!(qw.len(), n, "{}: importance length", f[0]);
         let mut out = vec![B::zeroed(); x.len() / B::BLOCK];
         for (row, q) in x.chunks_exact(n).zip(out.chunks_exact_mut(n / B::BLOCK)) {
-            B::quantize_row_imatrix(row, Some(&qw), q);
+            B::quantize_row_imatrix(row, Some(qw), q);
         }
         let digest = Sha256::digest(bytemuck::cast_slice::<B, u8>(&out));
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();

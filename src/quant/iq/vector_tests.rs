@@ -145,28 +145,14 @@ fn imatrix_quantizers_equal_ggml() {
     }
 }
 
-/// llama-quantize's view of the importance matrix: `in_sum2 / count` per column (tools/quantize/quantize.cpp
-/// `load_imatrix`, counts of 0 giving weights of 1), by tensor name.
+/// llama-quantize's view of the importance matrix (its per-column weights by tensor name), as
+/// `deltaq quantize --imatrix` loads it.
 fn load_imatrix(path: &Path) -> HashMap<String, Vec<f32>> {
-    let f = GgufFile::open(path).unwrap();
-    let mut out = HashMap::new();
-    for t in f.tensors() {
-        let Some(name) = t.name.strip_suffix(".in_sum2") else {
-            continue;
-        };
-        let sums = f32s(f.tensor_data(t));
-        let (_, counts) = f.tensor_by_name(&format!("{name}.counts")).unwrap();
-        let counts = f32s(counts);
-        let ne0 = sums.len() / counts.len();
-        let mut w = vec![0f32; sums.len()];
-        for (j, &c) in counts.iter().enumerate() {
-            for i in 0..ne0 {
-                w[j * ne0 + i] = if c > 0.0 { sums[j * ne0 + i] / c } else { 1.0 };
-            }
-        }
-        out.insert(name.to_string(), w);
-    }
-    out
+    crate::quantize::Imatrix::load(path)
+        .unwrap()
+        .entries
+        .into_iter()
+        .collect()
 }
 
 /// Quantizes every tensor of tiny-r2 that `tsv` lists as `ty`, row by row (with the tensor's importance
