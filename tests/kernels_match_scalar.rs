@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use deltaq::kernels::attend::{attend_ref, KvElem, KvPages};
+use deltaq::kernels::attend::{attend_ref, KvElem, KvPages, KvStore};
 use deltaq::kernels::attend_quant::{attend_quant_with, KvBlock};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::model::KV_PAGE;
@@ -393,6 +393,17 @@ fn float_rows_match_scalar() {
     }
 }
 
+/// `x` stored as a KV cache of `S` in pages of `n` values (the last one shorter).
+fn pages<S: KvStore>(x: &[f32], n: usize) -> Vec<Vec<S>> {
+    x.chunks(n)
+        .map(|c| {
+            let mut v = Vec::new();
+            S::extend_from_f32(&mut v, c);
+            v
+        })
+        .collect()
+}
+
 /// One query's attention over a random cache of `n_ctx` positions with `nkv` KV heads of `hd` elements,
 /// stored as `T` in pages of `page_rows` positions; returns (every table's output for every head,
 /// the scalar reference's).
@@ -407,16 +418,10 @@ fn attend_case<T: KvElem>(
     let stride = nkv * hd;
     let kf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
     let vf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
-    let page = |x: &[f32]| -> Vec<Vec<T>> {
-        x.chunks(page_rows * stride)
-            .map(|c| {
-                let mut v = Vec::new();
-                T::extend_from_f32(&mut v, c);
-                v
-            })
-            .collect()
-    };
-    let (kp, vp) = (page(&kf), page(&vf));
+    let (kp, vp) = (
+        pages::<T>(&kf, page_rows * stride),
+        pages::<T>(&vf, page_rows * stride),
+    );
     let scale = 1.0 / (hd as f32).sqrt();
     (0..nkv)
         .map(|m| {
@@ -485,16 +490,10 @@ fn attend_quant_case<B: KvBlock>(
     let stride = nkv * hd;
     let kf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
     let vf: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
-    let page = |x: &[f32]| -> Vec<Vec<B>> {
-        x.chunks(page_rows * stride)
-            .map(|c| {
-                let mut v = Vec::new();
-                B::extend_from_f32(&mut v, c);
-                v
-            })
-            .collect()
-    };
-    let (kp, vp) = (page(&kf), page(&vf));
+    let (kp, vp) = (
+        pages::<B>(&kf, page_rows * stride),
+        pages::<B>(&vf, page_rows * stride),
+    );
     let dequant = |pages: &[Vec<B>]| -> Vec<Vec<f32>> {
         pages
             .iter()
@@ -1204,15 +1203,6 @@ fn attend_many_equals_one_at_a_time() {
             let kf: Vec<f32> = (0..n_all * stride).map(|_| rng.f()).collect();
             let vf: Vec<f32> = (0..n_all * stride).map(|_| rng.f()).collect();
             let qs: Vec<f32> = (0..n_ctx.len() * hd).map(|_| 6.0 * rng.f()).collect();
-            fn pages<S: deltaq::kernels::attend::KvStore>(x: &[f32], n: usize) -> Vec<Vec<S>> {
-                x.chunks(n)
-                    .map(|c| {
-                        let mut v = Vec::new();
-                        S::extend_from_f32(&mut v, c);
-                        v
-                    })
-                    .collect()
-            }
             let scale = 0.125;
             let (kp, vp) = (
                 pages::<f16>(&kf, page_rows * stride),
