@@ -7,7 +7,11 @@
 
 mod attend;
 mod float;
+mod iq1;
+mod iq2;
+mod iq3;
 mod iq4;
+mod iqgrid;
 mod kgemm;
 mod kquants;
 mod legacy;
@@ -86,8 +90,15 @@ unsafe fn quant_rows_with<D: Dot>(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize
         GgmlType::Q6_K => run::<kquants::Q6K, D>(w, a, n_tok, out),
         GgmlType::IQ4_NL => run::<iq4::IQ4NL, D>(w, a, n_tok, out),
         GgmlType::IQ4_XS => run::<iq4::IQ4XS, D>(w, a, n_tok, out),
-        // Formats without a NEON kernel (the IQ3/IQ2/IQ1 lattice formats, TQ1_0, TQ2_0, MXFP4; Q8_1/Q8_K
-        // as weights): the scalar reference.
+        GgmlType::IQ3_XXS => run::<iq3::IQ3XXS, D>(w, a, n_tok, out),
+        GgmlType::IQ3_S => run::<iq3::IQ3S, D>(w, a, n_tok, out),
+        GgmlType::IQ2_XXS => run::<iq2::IQ2XXS, D>(w, a, n_tok, out),
+        GgmlType::IQ2_XS => run::<iq2::IQ2XS, D>(w, a, n_tok, out),
+        GgmlType::IQ2_S => run::<iq2::IQ2S, D>(w, a, n_tok, out),
+        GgmlType::IQ1_S => run::<iq1::IQ1S, D>(w, a, n_tok, out),
+        GgmlType::IQ1_M => run::<iq1::IQ1M, D>(w, a, n_tok, out),
+        // Formats without a NEON kernel (TQ1_0, TQ2_0, MXFP4; Q8_1/Q8_K as weights): the scalar
+        // reference.
         _ => super::scalar::quant_rows(ty, w, a, n_tok, out),
     }
 }

@@ -84,6 +84,16 @@ pub(super) trait Block {
     /// `x` must be readable for `W` bytes and `y` for `A` bytes (no alignment needed); `D` must be
     /// supported by the CPU.
     unsafe fn dot<D: Dot>(acc: &mut Acc, x: *const u8, y: *const u8);
+
+    /// The row's dot product from its accumulator. Formats whose reference scales the row's sum once at
+    /// the end (the IQ2 and IQ3_XXS lattice formats) override this to do the same.
+    ///
+    /// # Safety
+    /// NEON only (every aarch64 CPU).
+    #[inline(always)]
+    unsafe fn finish(acc: Acc) -> f32 {
+        acc.finish()
+    }
 }
 
 /// Little-endian u16 at `p` (unaligned).
@@ -167,7 +177,7 @@ pub(super) unsafe fn quant_rows<K: Block, D: Dot>(
                 }
             }
             for (i, acc) in acc.iter().enumerate() {
-                out[(r + i) * n_tok + t] = acc.finish();
+                out[(r + i) * n_tok + t] = K::finish(*acc);
             }
         }
         r += ROWS;
@@ -179,7 +189,7 @@ pub(super) unsafe fn quant_rows<K: Block, D: Dot>(
             for b in 0..nb {
                 K::dot::<D>(&mut acc, wp.add(r * rb + b * K::W), y.add(b * K::A));
             }
-            out[r * n_tok + t] = acc.finish();
+            out[r * n_tok + t] = K::finish(acc);
         }
     }
 }

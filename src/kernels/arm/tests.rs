@@ -281,6 +281,64 @@ fn quant_rows_exact_on_integer_data() {
     }
 }
 
+/// Raw Q8_K blocks: random quants over the whole i8 range (−128 included), random `bsums` (the
+/// kernels must take them as the reference does, not recompute them) and a random scale.
+fn raw_q8k(rng: &mut Rng, row: &mut [u8]) {
+    for blk in row.chunks_exact_mut(GgmlType::Q8_K.type_size()) {
+        blk.copy_from_slice(&rng.bytes(blk.len()));
+        blk[..4].copy_from_slice(&(rng.unit() * 0.01).to_le_bytes());
+        blk[4 + rng.below(256) as usize] = 0x80;
+    }
+}
+
+/// The lattice formats' kernels (IQ3, IQ2, IQ1) reproduce the scalar reference bit for bit: their
+/// integer sums are exact, and their float steps are the reference's in its order. Quantizer-made,
+/// random and extreme blocks, odd row counts, 1..=5 tokens, reference-quantized and raw activations.
+#[test]
+fn iq_lattice_rows_bit_identical() {
+    const TYPES: [GgmlType; 7] = [
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
+    ];
+    let tables = neon_tables();
+    let mut rng = Rng(0x5EED_1A77);
+    for ty in TYPES {
+        for (nb, n_rows) in [(1, 1), (2, 3), (1, 5), (3, 7), (2, 9)] {
+            for n_tok in [1, 2, 3, 5] {
+                for style in 0..4 {
+                    let w = weight_rows(&mut rng, ty, n_rows, nb, style);
+                    let mut a = act_rows(&mut rng, GgmlType::Q8_K, n_tok, nb, ty);
+                    let ab = a.len() / n_tok;
+                    for t in (1..n_tok).step_by(2) {
+                        raw_q8k(&mut rng, &mut a[t * ab..(t + 1) * ab]);
+                    }
+                    let mut want = vec![0f32; n_rows * n_tok];
+                    (scalar::KERNELS.quant_rows)(ty, &w, &a, n_tok, &mut want);
+                    for k in &tables {
+                        let mut got = vec![0f32; n_rows * n_tok];
+                        (k.quant_rows)(ty, &w, &a, n_tok, &mut got);
+                        for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                            assert!(
+                                g.to_bits() == e.to_bits() || (g.is_nan() && e.is_nan()),
+                                "{} {ty} style {style} nb {nb}: row {}/{n_rows} tok {}/{n_tok}: \
+                                 {g:e} vs scalar {e:e}",
+                                k.isa.name(),
+                                i / n_tok,
+                                i % n_tok
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn float_rows_match_scalar() {
     let tables = neon_tables();
