@@ -74,6 +74,12 @@ thread_local! {
     static ACT_BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
+/// Frees the calling thread's quantized-activation buffer (grown to the largest call, e.g. a
+/// prompt's ubatch); the next call grows it again.
+pub fn release_act_buffer() {
+    drop(ACT_BUF.take());
+}
+
 /// [`matmul`] for several weights (at most [`MAX_JOBS`]) that read the same input `x`: the activations
 /// are quantized once per activation type and every product runs in one parallel region (one
 /// fork/join instead of one each).

@@ -24,7 +24,7 @@ pub const FEW_TOKENS: usize = 4;
 pub use dispatch::{available, by_isa, kernels, GemmOut, Isa, Kernels, OpsFns, QuantGemm};
 pub use matmul::{
     can_multiply, decode_rows_per_item, matmul, matmul_with, matmuls, observe_matmuls,
-    MatmulObserver, ObserverGuard, Weight,
+    release_act_buffer, MatmulObserver, ObserverGuard, Weight,
 };
 
 /// Wrapping sum of `words`, one plain sequential stream with eight independent accumulators, which

@@ -44,6 +44,13 @@ use mtp::MtpState;
 /// (pp512 on the 0.8B, same-run medians within noise) and the scratch peak is half (about 21 MB).
 pub const UBATCH: usize = 256;
 
+/// A pass of more tokens than this (a prompt, not a decoding or verification step) frees its ubatch
+/// scratch before the output projection: a prompt's buffers (about 24 MB on the 0.8B) would otherwise
+/// stay resident for the whole generation, and the output projection is the moment the mapped output
+/// matrix's pages all come in, i.e. the process's peak. Decoding steps keep theirs (and allocate
+/// nothing).
+const RELEASE_ROWS: usize = 16;
+
 pub struct Model<'a> {
     pub hp: HParams,
     pub w: Weights<'a>,
@@ -85,6 +92,8 @@ enum Logits {
 struct Pass {
     logits: Logits,
     verify: bool,
+    /// The last ubatch of a long pass: free the scratch once the layers are done ([`RELEASE_ROWS`]).
+    release: bool,
 }
 
 /// One sequence being decoded. Cloning it snapshots the whole state (KV cache and recurrent states).
@@ -609,6 +618,7 @@ impl<'m> Session<'m> {
             let pass = Pass {
                 logits: want,
                 verify,
+                release: i + 1 == n_batches && tokens.len() > RELEASE_ROWS,
             };
             let batch = input.slice(i * UBATCH, UBATCH);
             self.ubatch(batch, pass, observe, out)?;
@@ -686,7 +696,12 @@ impl<'m> Session<'m> {
             (_, true) => (n_tok, 0),
             (Logits::All, false) => (n_tok, 0),
             (Logits::Last, false) => (1, n_tok - 1),
-            (Logits::None, false) => return Ok(()),
+            (Logits::None, false) => {
+                if pass.release {
+                    self.release_scratch();
+                }
+                return Ok(());
+            }
         };
         let hn = &mut a[..h_rows * d];
         norm_rows(
@@ -695,7 +710,14 @@ impl<'m> Session<'m> {
             hp.rms_eps,
             hn,
         );
-        let hn = &*hn;
+        let owned;
+        let hn: &[f32] = if pass.release {
+            owned = hn.to_vec();
+            self.release_scratch();
+            &owned
+        } else {
+            hn
+        };
         if pass.verify {
             grow(&mut self.spec.hidden, n_tok * d).copy_from_slice(hn);
         } else if let Some(mtp) = self.mtp.as_mut().filter(|_| mtp_rows) {
@@ -719,6 +741,19 @@ impl<'m> Session<'m> {
             }
         }
         Ok(())
+    }
+}
+
+impl Session<'_> {
+    /// Frees the ubatch scratch (activations, the layers' arena, this thread's quantized
+    /// activations) after a long pass; the next call grows what it needs again.
+    fn release_scratch(&mut self) {
+        let logits = std::mem::take(&mut self.scratch.logits);
+        self.scratch = Scratch {
+            logits,
+            ..Scratch::default()
+        };
+        crate::kernels::release_act_buffer();
     }
 }
 
