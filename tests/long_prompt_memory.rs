@@ -2,82 +2,31 @@
 //! activations' width: prefill runs in ubatches ([`deltaq::model::UBATCH`] tokens) and keeps only the
 //! last position's logits. On the demo model a 4,000-token prompt's logits for every position would be
 //! 66 MB; what a prefill may hold is its state (the KV cache of the tokens fed, the recurrent states)
-//! plus one ubatch's scratch. The heap is counted by a global allocator that wraps the system's.
+//! plus one ubatch's scratch. The heap is counted by `peak_alloc`'s global allocator (the system's, counted).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use deltaq::gguf::GgufFile;
 use deltaq::model::{Drafter, KvType, Model, Session};
+use peak_alloc::PeakAlloc;
 
 const MODEL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/tiny-kjv-mtp-Q8_0.gguf");
 
-/// Bytes currently allocated, and the most since the last [`reset_peak`].
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-struct Counting;
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counters only observe sizes.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        // SAFETY: `l` is the caller's layout, passed on as is.
-        let p = unsafe { System.alloc(l) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
-        // SAFETY: as `alloc`.
-        let p = unsafe { System.alloc_zeroed(l) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(l.size(), Ordering::Relaxed) + l.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        // SAFETY: `p` was allocated by `System` with layout `l` (every allocation goes through here).
-        unsafe { System.dealloc(p, l) };
-        LIVE.fetch_sub(l.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, p: *mut u8, l: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: `p` and `l` are the caller's, from an allocation made by `System`.
-        let q = unsafe { System.realloc(p, l, new_size) };
-        if !q.is_null() {
-            if new_size >= l.size() {
-                let now =
-                    LIVE.fetch_add(new_size - l.size(), Ordering::Relaxed) + new_size - l.size();
-                PEAK.fetch_max(now, Ordering::Relaxed);
-            } else {
-                LIVE.fetch_sub(l.size() - new_size, Ordering::Relaxed);
-            }
-        }
-        q
-    }
-}
-
+/// The system allocator, counting the bytes live and the most since the last reset.
 #[global_allocator]
-static ALLOC: Counting = Counting;
+static ALLOC: PeakAlloc = PeakAlloc;
 
 /// The tests of this file measure one at a time (the counters are process-wide).
 static SERIAL: Mutex<()> = Mutex::new(());
 
 /// Restarts the peak at the bytes live now and returns them.
 fn reset_peak() -> usize {
-    let now = LIVE.load(Ordering::Relaxed);
-    PEAK.store(now, Ordering::Relaxed);
-    now
+    ALLOC.reset_peak_usage();
+    ALLOC.current_usage()
 }
 
 fn peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
+    ALLOC.peak_usage()
 }
 
 /// `n` token ids spread over the vocabulary (the memory does not depend on which).
