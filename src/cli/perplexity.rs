@@ -8,7 +8,9 @@ use anyhow::{bail, Context};
 use deltaq::gguf::GgufFile;
 use deltaq::model::{KvType, Model};
 use deltaq::perplexity::{self as ppl, LogitsWriter, Options, Plan, PlotPoint, Scores};
-use deltaq::quantize::{quantize_file, FileType, ImatrixOptions, QuantizeOptions};
+use deltaq::quantize::{
+    quantize_file, quantize_file_to_bpw, FileType, ImatrixOptions, QuantizeOptions, TARGET_BPW_KEY,
+};
 use deltaq::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -57,6 +59,15 @@ pub struct Args {
     /// deltaq imatrix, GGUF or .dat) and compare both variants; types that need one are made with it only
     #[arg(long, value_name = "FILE", requires = "quantize_from")]
     imatrix: Option<PathBuf>,
+    /// With --quantize-from: also make files with `quantize --target-bpw N` for each N (comma-separated),
+    /// with the importance matrix if given and without it
+    #[arg(
+        long,
+        value_name = "N,...",
+        value_delimiter = ',',
+        requires = "quantize_from"
+    )]
+    target_bpw: Vec<f64>,
     /// Keep the files made by --quantize-from (their folder is printed) instead of deleting them
     #[arg(long)]
     keep: bool,
@@ -94,16 +105,22 @@ struct FileInfo {
     ftype: String,
     /// Made with an importance matrix (llama-quantize's `quantize.imatrix.*` keys).
     imatrix: bool,
+    /// Made by `quantize --target-bpw` (its target).
+    target_bpw: Option<f32>,
     size: u64,
     bpw: f64,
 }
 
 fn file_info(path: &Path, f: &GgufFile) -> FileInfo {
-    let ftype = f
-        .get_u64("general.file_type")
-        .ok()
-        .and_then(|id| FileType::ALL.into_iter().find(|t| t.id() as u64 == id))
-        .map_or_else(|| "?".to_string(), |t| t.name().to_string());
+    let target_bpw = f.get_f32(TARGET_BPW_KEY).ok();
+    let ftype = match target_bpw {
+        Some(t) => format!("target {t}"),
+        None => f
+            .get_u64("general.file_type")
+            .ok()
+            .and_then(|id| FileType::ALL.into_iter().find(|t| t.id() as u64 == id))
+            .map_or_else(|| "?".to_string(), |t| t.name().to_string()),
+    };
     let (mut bytes, mut elements) = (0u64, 0u64);
     for t in f.tensors() {
         bytes += f.tensor_data(t).len() as u64;
@@ -118,6 +135,7 @@ fn file_info(path: &Path, f: &GgufFile) -> FileInfo {
         ftype,
         imatrix: f.get("quantize.imatrix.file").is_some()
             || f.get("quantize.imatrix.entries_count").is_some(),
+        target_bpw,
         size: std::fs::metadata(path).map(|m| m.len()).unwrap_or(0),
         bpw: bytes as f64 * 8.0 / elements.max(1) as f64,
     }
@@ -139,7 +157,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut base_path = a.base.clone();
     let mut tmp: Option<tempfile::TempDir> = None;
     if let Some(src) = &a.quantize_from {
-        if a.types.is_empty() {
+        if a.types.is_empty() && a.target_bpw.is_empty() {
             bail!("--types is empty");
         }
         let dir = tempfile::Builder::new().prefix("deltaq-ppl-").tempdir()?;
@@ -190,6 +208,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 };
                 quantize_file(src, &out, &opts)
                     .with_context(|| format!("quantizing {} to {ty}{with}", src.display()))?;
+                paths.push(out);
+            }
+        }
+        for &target in &a.target_bpw {
+            let variants = std::iter::once(None).chain(imatrix.clone().map(Some));
+            for im in variants {
+                let suffix = if im.is_some() { "-imatrix" } else { "" };
+                let out = dir.path().join(format!("{stem}-bpw{target}{suffix}.gguf"));
+                let with = if im.is_some() {
+                    " with the importance matrix"
+                } else {
+                    ""
+                };
+                eprintln!(
+                    "quantizing {} to at most {target} bits per weight{with}",
+                    src.display()
+                );
+                let opts = QuantizeOptions {
+                    ftype: FileType::F32,
+                    pure: false,
+                    keep: Vec::new(),
+                    overwrite: true,
+                    progress: true,
+                    imatrix: im,
+                    token_embedding_type: None,
+                    output_tensor_type: None,
+                };
+                quantize_file_to_bpw(src, &out, target, &opts).with_context(|| {
+                    format!("quantizing {} to {target} bpw{with}", src.display())
+                })?;
                 paths.push(out);
             }
         }
@@ -478,6 +526,7 @@ fn evaluate_files(
                 kl_mean: s.kl.as_ref().map(|k| k.mean),
                 reference: i == base || is_unquantized(&info.ftype),
                 imatrix: info.imatrix,
+                target_bpw: info.target_bpw.is_some(),
             })
             .collect();
         let text_name = a

@@ -1,7 +1,9 @@
 use std::path::PathBuf;
 
 use deltaq::quant::GgmlType;
-use deltaq::quantize::{quantize_file, FileType, ImatrixOptions, QuantizeOptions};
+use deltaq::quantize::{
+    quantize_file, quantize_file_to_bpw, FileType, ImatrixOptions, QuantizeOptions,
+};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -11,9 +13,15 @@ pub struct Args {
     output: PathBuf,
     /// Target mixture, as llama-quantize names it: Q2_K, Q2_K_S, Q3_K_S, Q3_K_M, Q3_K_L, Q4_0, Q4_1, Q5_0,
     /// Q5_1, Q4_K_S, Q4_K_M, Q5_K_S, Q5_K_M, Q6_K, Q8_0, F16, BF16, F32, and (with --imatrix for most)
-    /// IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0
-    #[arg(value_parser = parse_ftype)]
-    ftype: FileType,
+    /// IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ2_M, IQ3_XXS, IQ3_XS, IQ3_S, IQ3_M, IQ4_NL, IQ4_XS, TQ1_0, TQ2_0.
+    /// Not given with --target-bpw, which chooses the types itself
+    #[arg(value_parser = parse_ftype, required_unless_present = "target_bpw")]
+    ftype: Option<FileType>,
+    /// Choose a type per tensor (IQ1_S … Q8_0) so that the file has at most N bits per weight and the
+    /// least importance-weighted error (deltaq's own recipe, best with --imatrix). Bits per weight as the
+    /// perplexity table counts them: all tensor data (norms included) × 8 / all weights
+    #[arg(long, value_name = "N", conflicts_with_all = ["ftype", "pure"])]
+    target_bpw: Option<f64>,
     /// Give every quantizable tensor the base type (no per-tensor mixture)
     #[arg(long)]
     pure: bool,
@@ -62,7 +70,7 @@ fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let opts = QuantizeOptions {
-        ftype: a.ftype,
+        ftype: a.ftype.unwrap_or(FileType::F32),
         pure: a.pure,
         keep: a.keep,
         overwrite: a.force,
@@ -75,11 +83,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         token_embedding_type: a.token_embedding_type,
         output_tensor_type: a.output_tensor_type,
     };
-    let s = quantize_file(&a.input, &a.output, &opts)?;
+    let (s, what) = match a.target_bpw {
+        Some(target) => {
+            let r = quantize_file_to_bpw(&a.input, &a.output, target, &opts)?;
+            let mut counts: Vec<(GgmlType, usize)> = Vec::new();
+            for &(_, t) in &r.types {
+                match counts.iter_mut().find(|(u, _)| *u == t) {
+                    Some(c) => c.1 += 1,
+                    None => counts.push((t, 1)),
+                }
+            }
+            counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+            let mix: Vec<String> = counts.iter().map(|(t, n)| format!("{n} {t}")).collect();
+            eprintln!("tensor types: {}", mix.join(", "));
+            let what = format!("target {target} bpw, file type {}", r.file_type);
+            (r.summary, what)
+        }
+        None => {
+            let s = quantize_file(&a.input, &a.output, &opts)?;
+            (s, opts.ftype.to_string())
+        }
+    };
     eprintln!(
         "wrote {} ({}): {:.2} MiB, {:.3} bits per weight, {:.1} s ({:.0} MB/s)",
         a.output.display(),
-        a.ftype,
+        what,
         s.file_bytes as f64 / (1 << 20) as f64,
         s.bits_per_weight(),
         s.seconds,

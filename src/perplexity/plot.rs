@@ -20,6 +20,8 @@ pub struct PlotPoint {
     pub reference: bool,
     /// Quantized with an importance matrix: drawn with a triangle instead of a circle
     pub imatrix: bool,
+    /// Made by `quantize --target-bpw` (deltaq's own recipe): drawn in another colour
+    pub target_bpw: bool,
 }
 
 /// A box in pixels, `x0 < x1`, `y0 < y1` (y grows downwards).
@@ -126,6 +128,15 @@ const TITLE_HEIGHT: u32 = 36;
 const LINE_COLOR: RGBColor = RGBColor(72, 120, 207);
 const POINT_COLOR: RGBColor = RGBColor(214, 39, 40);
 const REFERENCE_COLOR: RGBColor = RGBColor(90, 90, 90);
+const TARGET_COLOR: RGBColor = RGBColor(44, 160, 44);
+
+fn point_color(p: &PlotPoint) -> RGBColor {
+    if p.target_bpw {
+        TARGET_COLOR
+    } else {
+        POINT_COLOR
+    }
+}
 
 /// What one panel shows: a value (in axis units) and its ± error per point.
 struct Panel<'a> {
@@ -285,13 +296,13 @@ where
         quantized
             .iter()
             .filter(|q| !q.0.imatrix)
-            .map(|&(p, v, _)| Circle::new((p.bpw, v), 5, POINT_COLOR.filled())),
+            .map(|&(p, v, _)| Circle::new((p.bpw, v), 5, point_color(p).filled())),
     )?;
     chart.draw_series(
         quantized
             .iter()
             .filter(|q| q.0.imatrix)
-            .map(|&(p, v, _)| TriangleMarker::new((p.bpw, v), 7, POINT_COLOR.filled())),
+            .map(|&(p, v, _)| TriangleMarker::new((p.bpw, v), 7, point_color(p).filled())),
     )?;
 
     // what the labels must not cover, in pixels
@@ -354,10 +365,11 @@ where
     Ok(())
 }
 
-/// A legend line: a marker (a circle, a triangle or a dashed line) and its text.
+/// A legend line: a marker (a circle, a triangle, a green square or a dashed line) and its text.
 enum Key {
     Circle,
     Triangle,
+    TargetBpw,
     Dashed,
 }
 
@@ -372,6 +384,9 @@ fn legend_entries(points: &[PlotPoint]) -> Vec<(Key, String)> {
     }
     if quantized(true) {
         out.push((Key::Triangle, "quantized with an imatrix".to_string()));
+    }
+    if points.iter().any(|p| !p.reference && p.target_bpw) {
+        out.push((Key::TargetBpw, "deltaq --target-bpw (green)".to_string()));
     }
     out
 }
@@ -427,6 +442,10 @@ where
             Key::Triangle => {
                 root.draw(&TriangleMarker::new((i(x), i(y)), 7, POINT_COLOR.filled()))?
             }
+            Key::TargetBpw => root.draw(&Rectangle::new(
+                [(i(x - 5.0), i(y - 5.0)), (i(x + 5.0), i(y + 5.0))],
+                TARGET_COLOR.filled(),
+            ))?,
             Key::Dashed => {
                 for dx in [-12.0, -2.0, 8.0] {
                     root.draw(&PathElement::new(
@@ -517,19 +536,25 @@ mod tests {
             ppl_err: 0.5,
             kl_mean: kl,
             reference,
-            imatrix: label.starts_with("IQ"),
+            imatrix: label.starts_with("IQ") || label.starts_with("target"),
+            target_bpw: label.starts_with("target"),
         };
         let points = [
             p("F32", 32.0, 47.19, None, true),
             p("Q8_0", 8.55, 47.17, Some(0.0006), false),
             p("Q4_K_M", 5.13, 47.38, Some(0.02), false),
             p("IQ4_XS", 4.46, 47.9, Some(0.04), false),
+            p("target 3.5 imatrix", 3.5, 48.5, Some(0.1), false),
         ];
         let svg = plot_svg("t", &points).unwrap();
         // tick labels stop near 8.55 bpw: nothing close to 32
         assert!(!svg.contains(">30.0<") && !svg.contains(">32.0<"));
         assert!(svg.contains("F32: 47.19"), "the base in the legend");
         assert!(svg.contains("quantized with an imatrix"));
+        assert!(
+            svg.contains("--target-bpw"),
+            "the target-bpw files in the legend"
+        );
         assert!(
             svg.contains("<polygon") || svg.contains("<polyline"),
             "{svg}"

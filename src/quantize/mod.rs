@@ -4,6 +4,7 @@
 
 mod imatrix;
 mod recipe;
+mod target_bpw;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +19,10 @@ use crate::quant::{dequantize_row, quantize_row_imatrix, GgmlType};
 pub use imatrix::Imatrix;
 pub use recipe::{
     is_quantizable, sort_like_llama_quantize, tensor_requires_imatrix, FileType, Recipe,
+};
+pub use target_bpw::{
+    allocate, pick_for_lambda, quantize_file_to_bpw, quantize_file_to_bpw_sampled, Choice,
+    TargetBpwReport, TARGET_BPW_KEY,
 };
 
 /// Bytes of f32 rows held in memory per step: bounds peak memory whatever the tensor size.
