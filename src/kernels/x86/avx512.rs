@@ -75,6 +75,11 @@ entries! {
     iq3_s => Iq3S, 4, 1, 16;
     iq4_nl => IQ4NL, 4, 4, 4;
     iq4_xs => IQ4XS, 4, 4, 4;
+    iq2_xxs => super::iq2::Iq2Xxs, 4, 1, 16;
+    iq2_xs => super::iq2::Iq2Xs, 4, 1, 16;
+    iq2_s => super::iq2::Iq2S, 4, 1, 16;
+    iq1_s => super::iq2::Iq1S, 4, 1, 16;
+    iq1_m => super::iq2::Iq1M, 4, 1, 16;
 }
 
 fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
@@ -93,11 +98,11 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
         GgmlType::IQ3_S => iq3_s,
         GgmlType::IQ4_NL => iq4_nl,
         GgmlType::IQ4_XS => iq4_xs,
-        GgmlType::IQ2_XXS => super::iq2::rows_avx2::<super::iq2::Iq2Xxs>,
-        GgmlType::IQ2_XS => super::iq2::rows_avx2::<super::iq2::Iq2Xs>,
-        GgmlType::IQ2_S => super::iq2::rows_avx2::<super::iq2::Iq2S>,
-        GgmlType::IQ1_S => super::iq2::rows_avx2::<super::iq2::Iq1S>,
-        GgmlType::IQ1_M => super::iq2::rows_avx2::<super::iq2::Iq1M>,
+        GgmlType::IQ2_XXS => iq2_xxs,
+        GgmlType::IQ2_XS => iq2_xs,
+        GgmlType::IQ2_S => iq2_s,
+        GgmlType::IQ1_S => iq1_s,
+        GgmlType::IQ1_M => iq1_m,
         // Formats without a kernel here (TQ1_0, TQ2_0, MXFP4): the scalar reference.
         _ => return crate::kernels::scalar::quant_rows(ty, w, a, n_tok, out),
     };
