@@ -324,6 +324,7 @@ fn guessed_file_type(types: &[GgmlType]) -> FileType {
 
 /// What `--target-bpw` chose: the written file's summary and each tensor's type (in file order; the
 /// tensors left as they were included).
+#[derive(Debug)]
 pub struct TargetBpwReport {
     pub summary: Summary,
     pub types: Vec<(String, GgmlType)>,
