@@ -85,7 +85,7 @@ pub(super) unsafe fn add_block_sums<const R: usize, const T: usize>(
 ) {
     for t in 0..T {
         let mut s = [0i32; R];
-        if R % 4 == 0 {
+        if R.is_multiple_of(4) {
             for r in (0..R).step_by(4) {
                 let v = fold4(core::array::from_fn(|i| isum[r + i][t]));
                 _mm_storeu_si128(s[r..].as_mut_ptr() as *mut __m128i, v);
