@@ -1073,6 +1073,8 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 (33, 15, 1, Fill::Random),
                 (5, 31, 4, Fill::Random),
                 (64, 70, 2, Fill::Random),
+                (20, 17, 2, Fill::Random),
+                (3, 16, 1, Fill::Random),
                 (16, 8, 2, Fill::Zero),
                 (18, 11, 2, Fill::Ones),
                 (18, 11, 2, Fill::High),
@@ -1101,6 +1103,70 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                             got[t * rows + r],
                             want[r * n_tok + t]
                         );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The x86 kernels of the lattice IQ types (IQ3, IQ2, IQ1) form each block's exact integer sum and then
+/// take the scalar reference's float steps, so their row products, and the prefill GEMM where the table
+/// has one, equal the scalar reference bit for bit (IQ4_XS's reference scales per 32-element sub-block in
+/// float, so there only GEMM = rows holds).
+#[test]
+fn x86_lattice_iq_kernels_equal_scalar_bitwise() {
+    use GgmlType as G;
+    let types = [
+        G::IQ3_XXS,
+        G::IQ3_S,
+        G::IQ2_XXS,
+        G::IQ2_XS,
+        G::IQ2_S,
+        G::IQ1_S,
+        G::IQ1_M,
+    ];
+    for k in tables() {
+        if !matches!(k.isa, Isa::Avx2 | Isa::Avx512) {
+            continue;
+        }
+        for (ti, ty) in types.into_iter().enumerate() {
+            for (rows, n_tok, blocks, fill) in [
+                (5, 1, 3, Fill::Random),
+                (17, 3, 2, Fill::Random),
+                (19, 17, 2, Fill::Random),
+                (18, 11, 1, Fill::Ones),
+                (18, 11, 1, Fill::High),
+            ] {
+                let n = blocks * ty.block_size();
+                let mut rng = Rng(ti as u64 * 131 + rows as u64 * 7 + n_tok as u64);
+                let w = weight_rows(ty, rows, n, fill, &mut rng);
+                let x = activations(n_tok, n, &mut rng);
+                let qa = quantize_acts(ty, &x, n);
+                let mut want = vec![0f32; rows * n_tok];
+                (scalar().quant_rows)(ty, &w, &qa, n_tok, &mut want);
+                let mut rows_out = vec![f32::NAN; rows * n_tok];
+                (k.quant_rows)(ty, &w, &qa, n_tok, &mut rows_out);
+                let gemm = k.quant_gemm.filter(|g| (g.supports)(ty)).map(|g| {
+                    let mut got = vec![f32::NAN; n_tok * rows];
+                    (g.run)(ty, &w, &qa, kernels::GemmOut::new(&mut got, n_tok));
+                    got
+                });
+                for r in 0..rows {
+                    for t in 0..n_tok {
+                        let e = want[r * n_tok + t];
+                        let what = format!(
+                            "{} {ty} {fill:?} rows={rows} n_tok={n_tok} row {r} tok {t}",
+                            k.isa.name()
+                        );
+                        assert_eq!(
+                            rows_out[r * n_tok + t].to_bits(),
+                            e.to_bits(),
+                            "rows: {what}"
+                        );
+                        if let Some(g) = &gemm {
+                            assert_eq!(g[t * rows + r].to_bits(), e.to_bits(), "gemm: {what}");
+                        }
                     }
                 }
             }

@@ -441,3 +441,43 @@ fn mtp_block_without_weights_is_explained() {
         .iter()
         .any(|t| t.name.starts_with("blk.0.") && t.ty.name() == "IQ2_XXS"));
 }
+
+/// Files quantized to the IQ types (tiny-r2 with llama-imatrix's matrix) give the same logits, bit for
+/// bit, for the 48 golden tokens in one batch (prefill: the IQ GEMM where the table has one, for 16 or
+/// more tokens) and one token at a time (decode kernels). Together the recipes cover IQ4_XS, IQ3_S,
+/// IQ3_XXS, IQ2_S, IQ2_XS, IQ2_XXS, IQ1_S and IQ1_M.
+#[test]
+fn iq_files_prefill_equals_decode() {
+    use deltaq::model::{DeltaMode, Model, Session};
+    let tokens: Vec<u32> =
+        deltaq::npy::read(&root("tests/fixtures/shared/tiny-r2/golden/tokens.npy"))
+            .unwrap()
+            .data
+            .iter()
+            .map(|&t| t as u32)
+            .collect();
+    assert!(tokens.len() >= 32);
+    for name in ["IQ4_XS", "IQ2_M", "IQ3_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("q.gguf");
+        quantize_file(&model(), &out, &options(name, &imatrix_gguf())).unwrap();
+        let f = GgufFile::open(&out).unwrap();
+        let m = Model::load(&f).unwrap();
+        // The recurrent delta rule in the batch, as token by token (the chunked form differs by rounding).
+        let mut rec = Session::new(&m, None);
+        rec.delta_mode = DeltaMode::Recurrent;
+        let batch = rec.forward(&tokens).unwrap();
+        let mut st = Session::new(&m, None);
+        let step: Vec<f32> = tokens
+            .iter()
+            .flat_map(|&t| st.forward(&[t]).unwrap())
+            .collect();
+        assert_eq!(batch.len(), step.len());
+        let differing = batch
+            .iter()
+            .zip(&step)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differing, 0, "{name}: batch vs token by token");
+    }
+}

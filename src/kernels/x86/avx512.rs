@@ -14,8 +14,8 @@ pub static KERNELS: Kernels = Kernels {
     isa: Isa::Avx512,
     quant_rows,
     quant_gemm: Some(QuantGemm {
-        supports: super::kgemm_supports,
-        run: quant_gemm,
+        supports: gemm_supports,
+        run: gemm_any,
     }),
     float_rows,
     quantize_act,
@@ -112,6 +112,20 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
 }
 
 super::kgemm_entry!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", kgemm);
+
+/// The prefill GEMMs: the K-quants' ([`super::kgemm`]) and the IQ formats' ([`super::iqgemm`]).
+fn gemm_supports(ty: GgmlType) -> bool {
+    super::kgemm_supports(ty) || super::iqgemm::supports(ty)
+}
+
+fn gemm_any(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    if super::iqgemm::supports(ty) {
+        // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
+        unsafe { super::iqgemm::gemm_avx512(ty, w, a, out) }
+    } else {
+        quant_gemm(ty, w, a, out)
+    }
+}
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn float_rows_impl(ty: GgmlType, w: &[u8], a: &[f32], n_tok: usize, out: &mut [f32]) {

@@ -5,14 +5,17 @@
 //! and the 32 sign bits become a byte mask that flips the activations instead (`sign_epi8`), so
 //! `dot_u8i8_s16` with the chunk's odd scale `2s + 1` as the i16 factor accumulates
 //! `Σ scale·|g|·(±y)` exactly in i32 (pair sums ≤ 2·62·127 fit an i16). Per block and token the exact sum
-//! is scaled by `d_x·d_y` in f32; IQ3_XXS's factor 1/4 is applied once per row, as in ggml.
+//! is folded to one exact integer `S` and added as `sum += (d_x·d_y)·S`; IQ3_XXS's factor 1/4 is applied
+//! once per row. Those are the scalar reference's float steps, so the results equal it bit for bit, and
+//! the prefill GEMM's ([`super::iqgemm`]).
 //!
 //! Unpacking a block (the gathers and sign masks) costs more than its dot product with one token, so
 //! the prefill tiles are one row × 16 tokens: each block is unpacked once per 16 tokens.
 
 use core::arch::x86_64::*;
 
-use super::{f16_at, hsum_ps, loadu, read_f32, read_u32, QuantTile, Simd, StreamPrefetch};
+use super::iq4xs::add_block_sums;
+use super::{f16_at, loadu, read_f32, read_u32, QuantTile, Simd, StreamPrefetch};
 use crate::quant::iq::grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS_IQ2XS};
 
 /// Q8_K: f32 d, then 256 quants.
@@ -21,13 +24,13 @@ const AQS: usize = 4;
 
 /// One weight block, unpacked: per chunk the grid magnitudes, the sign multipliers (±1 bytes) and the
 /// i16 scale broadcast.
-struct Unpacked {
-    g: [__m256i; 8],
-    s: [__m256i; 8],
-    sc: [__m256i; 8],
+pub(super) struct Unpacked {
+    pub(super) g: [__m256i; 8],
+    pub(super) s: [__m256i; 8],
+    pub(super) sc: [__m256i; 8],
 }
 
-trait Iq3 {
+pub(super) trait Iq3 {
     const WB: usize;
     /// The row's final factor (IQ3_XXS: 1/4).
     const FACTOR: f32;
@@ -36,7 +39,7 @@ trait Iq3 {
 
 /// ±1 bytes: −1 in byte `e` where bit `e` of `bits` is set.
 #[inline(always)]
-unsafe fn sign_bytes(bits: u32) -> __m256i {
+pub(super) unsafe fn sign_bytes(bits: u32) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
     // Byte e takes byte e/8 of `bits`.
     let shuf = _mm256_set_epi64x(
@@ -134,7 +137,7 @@ unsafe fn iq3_tile<S: Simd, K: Iq3, const R: usize, const T: usize>(
     prefetch: bool,
 ) -> [[f32; T]; R] {
     let zero = _mm256_setzero_si256();
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut acc = [[0f32; T]; R];
     let mut pf = StreamPrefetch::new(w);
     for b in 0..nb {
         if prefetch {
@@ -146,33 +149,29 @@ unsafe fn iq3_tile<S: Simd, K: Iq3, const R: usize, const T: usize>(
             dx[r] = f16_at(p);
             K::unpack(p)
         });
+        let mut isum = [[zero; T]; R];
+        let mut dy = [0f32; T];
         for t in 0..T {
             let ap = a[t].add(b * AB);
-            let dy = read_f32(ap);
-            let mut isum = [zero; R];
+            dy[t] = read_f32(ap);
             for c in 0..8 {
                 let y = loadu(ap.add(AQS + 32 * c));
                 for r in 0..R {
                     let ys = _mm256_sign_epi8(y, u[r].s[c]);
-                    isum[r] = S::dot_u8i8_s16(isum[r], u[r].g[c], ys, u[r].sc[c]);
+                    isum[r][t] = S::dot_u8i8_s16(isum[r][t], u[r].g[c], ys, u[r].sc[c]);
                 }
             }
-            for r in 0..R {
-                acc[r][t] = _mm256_fmadd_ps(
-                    _mm256_cvtepi32_ps(isum[r]),
-                    _mm256_set1_ps(dx[r] * dy),
-                    acc[r][t],
-                );
+        }
+        add_block_sums(&mut acc, &isum, &dx, &dy);
+    }
+    if K::FACTOR != 1.0 {
+        for row in acc.iter_mut() {
+            for v in row.iter_mut() {
+                *v *= K::FACTOR;
             }
         }
     }
-    let mut out = [[0f32; T]; R];
-    for r in 0..R {
-        for t in 0..T {
-            out[r][t] = K::FACTOR * hsum_ps(acc[r][t]);
-        }
-    }
-    out
+    acc
 }
 
 macro_rules! iq3_tile_impl {

@@ -158,7 +158,7 @@ unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out
 
 /// 16 rows of 8 u32 → 8 vectors of 16 u32: `out[q]` lane `r` = `rows[r]` element `q`.
 #[inline(always)]
-unsafe fn transpose16x8(rows: &[__m256i; ROWS]) -> [__m512i; 8] {
+pub(super) unsafe fn transpose16x8(rows: &[__m256i; ROWS]) -> [__m512i; 8] {
     // z[i] = [rows i | rows i+4] (i < 4), [rows 8+i | rows 12+i] (i ≥ 4), so that after the in-lane 4×4
     // transposes the 128-bit lanes land in row order with one shuffle each.
     let join = |lo: __m256i, hi: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
@@ -261,7 +261,7 @@ unsafe fn tile<K: KFormat, const T: usize>(
 /// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+pub(super) unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
     let mut acc = acc;
     // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features; the
     // instruction reads only those bytes and writes only `acc`.
@@ -278,6 +278,6 @@ unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
 }
 
 #[inline(always)]
-unsafe fn shl(v: __m512i, n: i32) -> __m512i {
+pub(super) unsafe fn shl(v: __m512i, n: i32) -> __m512i {
     _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
 }

@@ -453,7 +453,7 @@ unsafe fn k_tile<S: Simd, K: KFormat, const R: usize, const T: usize>(
 
 /// Sum of the 8 i32 lanes.
 #[inline(always)]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
     let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
     let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
@@ -462,7 +462,7 @@ unsafe fn hsum_epi32(v: __m256i) -> i32 {
 
 /// The lane sums of four vectors: `[Σ v0, Σ v1, Σ v2, Σ v3]`.
 #[inline(always)]
-unsafe fn fold4(v: [__m256i; 4]) -> __m128i {
+pub(super) unsafe fn fold4(v: [__m256i; 4]) -> __m128i {
     let s = rows4_sum(v);
     _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s))
 }

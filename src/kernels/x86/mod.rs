@@ -23,6 +23,7 @@ mod float;
 mod iq2;
 mod iq3;
 mod iq4xs;
+mod iqgemm;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
