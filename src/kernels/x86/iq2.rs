@@ -92,6 +92,20 @@ unsafe fn ksigns32(codes: __m256i) -> __m256i {
     _mm256_or_si256(codes, _mm256_xor_si256(lo, hi))
 }
 
+/// `[e(0), e(1), …]` spelled out, for arrays of vectors: an `array::from_fn` closure's body does not
+/// inherit the caller's target features, so the intrinsics in it would become calls.
+macro_rules! each {
+    (4, |$c:ident| $e:expr) => {
+        [{ let $c = 0usize; $e }, { let $c = 1usize; $e }, { let $c = 2usize; $e }, { let $c = 3usize; $e }]
+    };
+    (8, |$c:ident| $e:expr) => {
+        [
+            { let $c = 0usize; $e }, { let $c = 1usize; $e }, { let $c = 2usize; $e }, { let $c = 3usize; $e },
+            { let $c = 4usize; $e }, { let $c = 5usize; $e }, { let $c = 6usize; $e }, { let $c = 7usize; $e },
+        ]
+    };
+}
+
 /// The u32 lanes of `v`.
 #[inline(always)]
 unsafe fn lanes_u32(v: __m256i) -> [u32; 8] {
@@ -165,7 +179,7 @@ unsafe fn nibble_scales512(p: *const u8) -> [__m512i; 4] {
     let v = _mm512_add_epi32(_mm512_slli_epi32::<1>(v), _mm512_set1_epi32(1));
     let all = _mm512_or_si512(v, _mm512_slli_epi32::<16>(v));
     let lane = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-    core::array::from_fn(|k| {
+    each!(4, |k| {
         _mm512_permutexvar_epi32(_mm512_add_epi32(lane, _mm512_set1_epi32(4 * k as i32)), all)
     })
 }
@@ -200,18 +214,27 @@ impl<K: Lattice2> Iq2 for K {
     const ROW_SCALE: f32 = 0.125;
     #[inline(always)]
     unsafe fn terms<S: Simd, const T: usize>(w: *const u8, a: &[*const u8; T]) -> [f32; T] {
-        let isum: [i32; T] = if S::WIDE {
+        // Loops, not `array::from_fn` closures: a closure's body does not inherit the caller's target
+        // features, so the intrinsics inside it would become calls (measured 3.5× slower decode).
+        let mut isum = [0i32; T];
+        if S::WIDE {
             let u = K::pairs(w);
-            core::array::from_fn(|t| u.dot(a[t].add(AQS)))
+            for t in 0..T {
+                isum[t] = u.dot(a[t].add(AQS));
+            }
         } else {
             let u = K::groups(w);
-            core::array::from_fn(|t| u.dot::<S>(a[t].add(AQS)))
-        };
+            for t in 0..T {
+                isum[t] = u.dot::<S>(a[t].add(AQS));
+            }
+        }
         let dx = f16_at(w);
-        core::array::from_fn(|t| {
+        let mut out = [0f32; T];
+        for t in 0..T {
             let d = dx * read_f32(a[t]);
-            d * isum[t] as f32
-        })
+            out[t] = d * isum[t] as f32;
+        }
+        out
     }
 }
 
@@ -272,14 +295,14 @@ impl Lattice2 for Iq2Xxs {
         let scales = lanes_u32(xxs_scales(sgn));
         let idx = lanes_u32(idx);
         Groups {
-            g: core::array::from_fn(|c| {
+            g: each!(8, |c| {
                 gather4(
                     &IQ2XXS_GRID,
                     _mm_cvtepu8_epi32(_mm_cvtsi32_si128(idx[c] as i32)),
                 )
             }),
-            s: core::array::from_fn(|c| sign_bytes(signs[c])),
-            sc: core::array::from_fn(|c| _mm256_set1_epi32(scales[c] as i32)),
+            s: each!(8, |c| sign_bytes(signs[c])),
+            sc: each!(8, |c| _mm256_set1_epi32(scales[c] as i32)),
         }
     }
     #[inline(always)]
@@ -302,7 +325,7 @@ impl Lattice2 for Iq2Xxs {
         Pairs {
             g: [g0, g1, g2, g3],
             m,
-            sc: core::array::from_fn(|k| {
+            sc: each!(4, |k| {
                 _mm512_permutexvar_epi32(
                     _mm512_add_epi32(half, _mm512_set1_epi32(2 * k as i32)),
                     sc,
@@ -330,12 +353,12 @@ impl Lattice2 for Iq2Xs {
         let signs = lanes_u32(xs_signs(q));
         let mask = _mm_set1_epi32(511);
         Groups {
-            g: core::array::from_fn(|c| {
+            g: each!(8, |c| {
                 let w = _mm_cvtepu16_epi32(_mm_loadl_epi64(q.add(8 * c) as *const __m128i));
                 gather4(&IQ2XS_GRID, _mm_and_si128(w, mask))
             }),
-            s: core::array::from_fn(|c| sign_bytes(signs[c])),
-            sc: core::array::from_fn(|c| half_scales(*p.add(66 + c))),
+            s: each!(8, |c| sign_bytes(signs[c])),
+            sc: each!(8, |c| half_scales(*p.add(66 + c))),
         }
     }
     #[inline(always)]
@@ -382,14 +405,14 @@ impl Lattice2 for Iq2S {
         let (qs, qh, signs, scales) = (p.add(2), p.add(66), p.add(34), p.add(74));
         let shift = _mm_setr_epi32(8, 6, 4, 2);
         Groups {
-            g: core::array::from_fn(|c| {
+            g: each!(8, |c| {
                 let lo = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(read_u32(qs.add(4 * c)) as i32));
                 let hi = _mm_sllv_epi32(_mm_set1_epi32(*qh.add(c) as i32), shift);
                 let idx = _mm_or_si128(lo, _mm_and_si128(hi, _mm_set1_epi32(0x300)));
                 gather4(&IQ2S_GRID, idx)
             }),
-            s: core::array::from_fn(|c| sign_bytes(read_u32(signs.add(4 * c)))),
-            sc: core::array::from_fn(|c| half_scales(*scales.add(c))),
+            s: each!(8, |c| sign_bytes(read_u32(signs.add(4 * c)))),
+            sc: each!(8, |c| half_scales(*scales.add(c))),
         }
     }
     #[inline(always)]
@@ -398,7 +421,7 @@ impl Lattice2 for Iq2S {
         let (g2, g3) = gather16(&IQ2S_GRID, s_indices512(p, 1));
         Pairs {
             g: [g0, g1, g2, g3],
-            m: core::array::from_fn(|k| read_u64(p.add(34 + 8 * k))),
+            m: each!(4, |k| read_u64(p.add(34 + 8 * k))),
             sc: nibble_scales512(p.add(74)),
         }
     }
