@@ -375,7 +375,7 @@ impl Lattice2 for Iq2Xs {
         );
         Pairs {
             g: [g0, g1, g2, g3],
-            m: core::mem::transmute(xs_signs(q)),
+            m: core::mem::transmute::<__m256i, [u64; 4]>(xs_signs(q)),
             sc: nibble_scales512(p.add(66)),
         }
     }
