@@ -19,9 +19,9 @@ use core::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::iq3::{sign_bytes, Iq3, Iq3S, Iq3Xxs};
-use super::kgemm::{dpwssd_bcast, shl, transpose16x8};
+use super::kgemm::{dpwssd_bcast, drive, shl, transpose16x8, PanelKernel};
 use super::kquants::{AB, ABSUMS, AQS};
-use super::{f16_at, read_f32, read_u16, read_u32, PanelPrefetch};
+use super::{f16_at, read_f32, read_u16, read_u32};
 use crate::kernels::GemmOut;
 use crate::quant::iq::grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS_IQ2XS};
 use crate::quant::GgmlType;
@@ -311,63 +311,39 @@ thread_local! {
     static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
 }
 
+/// The IQ format `K` as a [`PanelKernel`].
+struct IqPanel<K>(core::marker::PhantomData<K>);
+
+// SAFETY: `PanelBlock` is vectors only.
+unsafe impl<K: IqBlock> PanelKernel for IqPanel<K> {
+    type Block = PanelBlock;
+    const WB: usize = K::WB;
+    fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<PanelBlock>>> {
+        &PANEL
+    }
+    #[inline(always)]
+    unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+        unpack::<K>(w, rb, rows, b, out)
+    }
+    #[inline(always)]
+    unsafe fn tile<const T: usize>(
+        panel: &[PanelBlock],
+        a: [*const u8; T],
+        out: [*mut f32; T],
+        mask: __mmask16,
+    ) {
+        tile::<K, T>(panel, a, out, mask)
+    }
+}
+
 /// `out(t, r) = W[r] · A[t]` for rows `w` of format `K` (`out.rows()` of them) and Q8_K activations `a`
 /// (`out.n_tok()` rows).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (the caller's target features).
 #[inline(always)]
-unsafe fn gemm<K: IqBlock>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
-    let (n_rows, n_tok) = (out.rows(), out.n_tok());
-    if n_tok == 0 || n_rows == 0 {
-        return;
-    }
-    let (rb, nb) = out.blocks(w, a, K::WB, AB);
-    let mut panel = PANEL.take();
-    if panel.len() < nb {
-        // SAFETY: `PanelBlock` is vectors only, for which all-zero bytes are a valid value.
-        panel.resize(nb, unsafe { core::mem::zeroed() });
-    }
-    let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let arow = |t: usize| ap.add(t * nb * AB);
-    let mut r0 = 0;
-    while r0 < n_rows {
-        let rows = ROWS.min(n_rows - r0);
-        for (b, blk) in panel[..nb].iter_mut().enumerate() {
-            unpack::<K>(wp.add(r0 * rb), rb, rows, b, blk);
-        }
-        let panel = &panel[..nb];
-        // The next panel's rows stream into L2 while this one is multiplied (as in `kgemm`).
-        let mut prefetch =
-            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * K::WB);
-        let per_tile = prefetch.left().div_ceil(n_tok.div_ceil(8));
-        // Token t's 16 results go to its output row at column r0 (`token_ptr` checks t).
-        let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
-        let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
-        let mut t = 0;
-        while t + 8 <= n_tok {
-            let dst = core::array::from_fn(|i| o(t + i));
-            prefetch.step(per_tile);
-            tile::<K, 8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
-            t += 8;
-        }
-        if t + 4 <= n_tok {
-            let dst = core::array::from_fn(|i| o(t + i));
-            tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
-            t += 4;
-        }
-        if t + 2 <= n_tok {
-            let dst = core::array::from_fn(|i| o(t + i));
-            tile::<K, 2>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
-            t += 2;
-        }
-        if t < n_tok {
-            tile::<K, 1>(panel, [arow(t)], [o(t)], mask);
-        }
-        prefetch.step(usize::MAX);
-        r0 += rows;
-    }
-    PANEL.set(panel);
+unsafe fn gemm<K: IqBlock>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    drive::<IqPanel<K>>(w, a, out)
 }
 
 /// Unpacks block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` get zero

@@ -41,21 +41,86 @@ thread_local! {
     static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
 }
 
+/// A weight format's 16-row panel kernel, run by [`drive`]: the unpacked block type, how 16 rows' block
+/// `b` is unpacked into it, and the register tile of `T` tokens over a whole panel.
+///
+/// # Safety
+/// `Block` must be plain vectors, valid as all-zero bytes (the panel buffer grows with zeroed blocks).
+pub(super) unsafe trait PanelKernel {
+    type Block: Copy + 'static;
+    /// Bytes of one weight block.
+    const WB: usize;
+    /// The calling thread's panel buffer, grown to the longest row seen.
+    fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<Self::Block>>>;
+    /// Block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` zero.
+    ///
+    /// # Safety
+    /// Rows `0..rows` must hold at least `b + 1` blocks of `WB` bytes; the CPU features as [`drive`].
+    unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut Self::Block);
+    /// `T` tokens × the panel's 16 rows over all its blocks, stored (lanes in `mask`) at `out[t]`.
+    ///
+    /// # Safety
+    /// Each `a[t]` must point to `panel.len()` Q8_K blocks and `out[t]` to writable floats for the
+    /// lanes in `mask`; the CPU features as [`drive`].
+    unsafe fn tile<const T: usize>(
+        panel: &[Self::Block],
+        a: [*const u8; T],
+        out: [*mut f32; T],
+        mask: __mmask16,
+    );
+}
+
+/// The K-quant format `K` as a [`PanelKernel`].
+pub(super) struct KPanel<K>(core::marker::PhantomData<K>);
+
+// SAFETY: `PanelBlock` is vectors only.
+unsafe impl<K: KFormat> PanelKernel for KPanel<K> {
+    type Block = PanelBlock;
+    const WB: usize = K::WB;
+    fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<PanelBlock>>> {
+        &PANEL
+    }
+    #[inline(always)]
+    unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+        unpack::<K>(w, rb, rows, b, out)
+    }
+    #[inline(always)]
+    unsafe fn tile<const T: usize>(
+        panel: &[PanelBlock],
+        a: [*const u8; T],
+        out: [*mut f32; T],
+        mask: __mmask16,
+    ) {
+        tile::<K, T>(panel, a, out, mask)
+    }
+}
+
 /// `out(t, r) = W[r] · A[t]` for K-quant rows `w` (`out.rows()` of them) and Q8_K activations `a`
 /// (`out.n_tok()` rows).
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (the caller's target features).
 #[inline(always)]
-pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
+pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    drive::<KPanel<K>>(w, a, out)
+}
+
+/// `out(t, r) = W[r] · A[t]` for weight rows `w` of panel kernel `P` (`out.rows()` of them) and Q8_K
+/// activations `a` (`out.n_tok()` rows): 16-row panels unpacked once per call, multiplied 8, 4, 2, 1
+/// tokens at a time.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI (the caller's target features).
+#[inline(always)]
+pub(super) unsafe fn drive<P: PanelKernel>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
     let (n_rows, n_tok) = (out.rows(), out.n_tok());
     if n_tok == 0 || n_rows == 0 {
         return;
     }
-    let (rb, nb) = out.blocks(w, a, K::WB, AB);
-    let mut panel = PANEL.take();
+    let (rb, nb) = out.blocks(w, a, P::WB, AB);
+    let mut panel = P::buffer().take();
     if panel.len() < nb {
-        // SAFETY: `PanelBlock` is vectors only, for which all-zero bytes are a valid value.
+        // SAFETY: `P::Block` is vectors only (the trait's contract), valid as all-zero bytes.
         panel.resize(nb, unsafe { core::mem::zeroed() });
     }
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
@@ -64,7 +129,7 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
     while r0 < n_rows {
         let rows = ROWS.min(n_rows - r0);
         for (b, blk) in panel[..nb].iter_mut().enumerate() {
-            unpack::<K>(wp.add(r0 * rb), rb, rows, b, blk);
+            P::unpack(wp.add(r0 * rb), rb, rows, b, blk);
         }
         let panel = &panel[..nb];
         // The next panel's rows stream into L2 while this one is multiplied, 8 tokens at a time.
@@ -72,7 +137,7 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
         // (usually run next by the same thread) starts with; past the matrix's end they are never read
         // (prefetches do not fault).
         let mut prefetch =
-            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * K::WB);
+            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * P::WB);
         let per_tile = prefetch.left().div_ceil(n_tok.div_ceil(8));
         // Token t's 16 results go to its output row at column r0 (`token_ptr` checks t).
         let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
@@ -81,26 +146,26 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
         while t + 8 <= n_tok {
             let dst = core::array::from_fn(|i| o(t + i));
             prefetch.step(per_tile);
-            tile::<K, 8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
+            P::tile::<8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 8;
         }
         if t + 4 <= n_tok {
             let dst = core::array::from_fn(|i| o(t + i));
-            tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
+            P::tile::<4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 4;
         }
         if t + 2 <= n_tok {
             let dst = core::array::from_fn(|i| o(t + i));
-            tile::<K, 2>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
+            P::tile::<2>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
             t += 2;
         }
         if t < n_tok {
-            tile::<K, 1>(panel, [arow(t)], [o(t)], mask);
+            P::tile::<1>(panel, [arow(t)], [o(t)], mask);
         }
         prefetch.step(usize::MAX);
         r0 += rows;
     }
-    PANEL.set(panel);
+    P::buffer().set(panel);
 }
 
 /// Unpacks block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` get zero
