@@ -42,6 +42,8 @@ pub(super) trait KFormat {
     /// Offset of a u32 inside the block holding `d` as its low (`D_HI == 0`) or high half; for formats
     /// with mins, `dmin` is the high half.
     const DD_AT: usize = 0;
+    /// Has a 16-row decode tile on AVX-512 (`kdecode16`).
+    const DECODE16: bool = false;
     const D_HI: i32 = 0;
     unsafe fn prepare(p: *const u8) -> Pre;
     /// Codes of chunk `c` (elements `32c..32c+32`).
@@ -170,6 +172,7 @@ unsafe fn crumb_chunk(qs: *const u8, c: usize) -> __m256i {
 
 pub(crate) struct Q4K;
 impl KFormat for Q4K {
+    const DECODE16: bool = true;
     const CODE_BITS: u32 = 4;
     const WB: usize = 144;
     const MINS: bool = true;
@@ -336,6 +339,10 @@ macro_rules! ktile {
             ) -> [[f32; T]; R] {
                 if R == 4 {
                     let r = $decode4::<S, $t, T>(core::array::from_fn(|i| w[i]), a, nb);
+                    return core::array::from_fn(|i| r[i]);
+                }
+                if R == super::kdecode16::ROWS && S::WIDE && <$t as KFormat>::DECODE16 {
+                    let r = super::kdecode16::decode16_q4k::<T>(core::array::from_fn(|i| w[i]), a, nb);
                     return core::array::from_fn(|i| r[i]);
                 }
                 k_tile::<S, $t, R, T>(w, a, nb)

@@ -24,6 +24,7 @@ mod iq2;
 mod iq3;
 mod iq4xs;
 mod iqgemm;
+mod kdecode16;
 mod kgemm;
 mod kgemm_avx2;
 mod kquants;
@@ -258,7 +259,11 @@ pub(crate) unsafe fn quant_rows<
     let wrow = |r: usize| wp.add(r * rb);
     let arow = |t: usize| ap.add(t * ab);
     match n_tok {
+        // One or two tokens: 4-row tiles even where wider ones exist (`kdecode16` pays a transpose per
+        // block that only three or more tokens amortize).
+        1 if RD > 4 => return stripes::<S, K, 4, 1>(w, a, n_rows, out),
         1 => return stripes::<S, K, RD, 1>(w, a, n_rows, out),
+        2 if RD > 4 => return stripes::<S, K, 4, 2>(w, a, n_rows, out),
         2 => return stripes::<S, K, RD, 2>(w, a, n_rows, out),
         3 => return stripes::<S, K, RD, 3>(w, a, n_rows, out),
         4 => return stripes::<S, K, RD, 4>(w, a, n_rows, out),
@@ -340,6 +345,10 @@ unsafe fn stripes<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let wrow = |r: usize| wp.add(r * rb);
     let arows: [*const u8; T] = core::array::from_fn(|t| ap.add(t * ab));
+    // The 16-row tiles gather their block headers with i32 offsets from the tile's first row.
+    if RD > 4 && w.len() > i32::MAX as usize {
+        return stripes::<S, K, 4, T>(w, a, n_rows, out);
+    }
     let q = n_rows / RD;
     for g in 0..q {
         let res = K::stream::<S, RD, T>(core::array::from_fn(|i| wrow(g + i * q)), arows, nb);
@@ -347,7 +356,13 @@ unsafe fn stripes<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
             out[(g + i * q) * T..][..T].copy_from_slice(v);
         }
     }
-    for r in RD * q..n_rows {
+    let r0 = RD * q;
+    if RD > 4 && n_rows - r0 >= 4 {
+        // Rows left over by the wide tiles: 4-row tiles.
+        stripes::<S, K, 4, T>(&w[r0 * rb..], a, n_rows - r0, &mut out[r0 * T..]);
+        return;
+    }
+    for r in r0..n_rows {
         let res = K::stream::<S, 1, T>([wrow(r)], arows, nb);
         out[r * T..][..T].copy_from_slice(&res[0]);
     }

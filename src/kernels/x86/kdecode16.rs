@@ -1,0 +1,269 @@
+//! Decode and few-token tiles of 16 Q4_K rows on AVX-512 VNNI: the rows in the 16 i32 lanes of a zmm.
+//!
+//! The 4-row tiles of [`super::kquants`] put a chunk's 32 elements in a vector's lanes: per token they
+//! pay a `maddubs` + `vpdpwssd` per 32 products, a scale multiply per row and chunk, and a horizontal sum
+//! per (row, block). That is cheap for one token but not for the 2–4 tokens of a speculative
+//! verification: on a 2-core Xeon (AVX-512) a 12288×4096 Q4_K product from memory with 3 tokens took
+//! 1.6× the time of one. Here each block of 16 rows is transposed in registers, as the prefill GEMM
+//! ([`super::kgemm`]) does once per call into a panel: lane `r` of quad vector `q` holds row `r`'s codes
+//! `4q..4q+4`. Per token, 4 activation bytes broadcast from memory meet the 16 rows in one `vpdpbusd`
+//! (64 products), a sub-block's 16 integer sums take their scales in one `vpmulld`, the mins one
+//! `vpdpwssd` per pair of block sums, and no horizontal sums remain. The transpose (32 shuffles per 32
+//! bytes of 16 rows) is paid once per block for all tokens.
+//!
+//! No software prefetch: the 16 rows are 16 streams (one per stripe, `stripes`), which the hardware
+//! prefetchers follow; `StreamPrefetch`'s instructions cost more than they gained (12288×4096 from memory,
+//! 2 threads, 3 / 4 tokens: 1.34–1.41× / 1.50–1.54× a one-token product with them, 1.22–1.26× /
+//! 1.27–1.33× without). One and two tokens keep the 4-row tiles: per block the transpose costs more
+//! than it saves there (16-row tiles from memory: 1.12× the 4-row time for one token).
+//!
+//! The integer sums per (row, block, token) are the exact i32 values of the other kernels, and the float
+//! epilogue performs the same operations in the same order (`kquants::decode4_sm8`, `kgemm::tile`), so
+//! results are bit-identical to theirs.
+
+use core::arch::x86_64::*;
+
+use super::kgemm::dpwssd_bcast;
+use super::kquants::{AB, ABSUMS, AQS};
+use super::{loadu, read_f32};
+
+/// Rows per tile (the i32 lanes of a zmm).
+pub(super) const ROWS: usize = 16;
+
+/// Q4_K block bytes.
+const WB: usize = 144;
+
+/// `acc + Σ₄ a·b` per i32 lane, `b` the 4 bytes at `p` broadcast to every lane: one fused µop.
+///
+/// # Safety
+/// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpbusd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features; the
+    // instruction reads only those bytes and writes only `acc`.
+    unsafe {
+        core::arch::asm!(
+            "vpdpbusd {acc}, {a}, dword ptr [{p}]{{1to16}}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// `[lo | hi]` as one 512-bit vector.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// Dwords `0..8` of 16 rows, each row's 32 bytes at `p + off[r]`, transposed: `out[q]` lane `r` = row `r`
+/// dword `q`.
+#[inline(always)]
+unsafe fn load_transpose(p: *const u8, off: &[usize; ROWS]) -> [__m512i; 8] {
+    // z[i] = [rows i | rows i+4] (i < 4), [rows 8+i | rows 12+i] (i ≥ 4), so that after the in-lane
+    // 4×4 transposes the 128-bit lanes land in row order with one shuffle each. Spelled out, not in
+    // closures around intrinsics (their bodies would lack the target features).
+    let z0 = join(loadu(p.add(off[0])), loadu(p.add(off[4])));
+    let z1 = join(loadu(p.add(off[1])), loadu(p.add(off[5])));
+    let z2 = join(loadu(p.add(off[2])), loadu(p.add(off[6])));
+    let z3 = join(loadu(p.add(off[3])), loadu(p.add(off[7])));
+    let z4 = join(loadu(p.add(off[8])), loadu(p.add(off[12])));
+    let z5 = join(loadu(p.add(off[9])), loadu(p.add(off[13])));
+    let z6 = join(loadu(p.add(off[10])), loadu(p.add(off[14])));
+    let z7 = join(loadu(p.add(off[11])), loadu(p.add(off[15])));
+    let (u0, u1, u2, u3) = t4(z0, z1, z2, z3);
+    let (v0, v1, v2, v3) = t4(z4, z5, z6, z7);
+    // u[e] lanes: rows 0-3 dword e, rows 0-3 dword 4+e, rows 4-7 dword e, rows 4-7 dword 4+e; v[e] the
+    // same for rows 8-15.
+    const LO: i32 = 0b10_00_10_00;
+    const HI: i32 = 0b11_01_11_01;
+    [
+        _mm512_shuffle_i32x4::<LO>(u0, v0),
+        _mm512_shuffle_i32x4::<LO>(u1, v1),
+        _mm512_shuffle_i32x4::<LO>(u2, v2),
+        _mm512_shuffle_i32x4::<LO>(u3, v3),
+        _mm512_shuffle_i32x4::<HI>(u0, v0),
+        _mm512_shuffle_i32x4::<HI>(u1, v1),
+        _mm512_shuffle_i32x4::<HI>(u2, v2),
+        _mm512_shuffle_i32x4::<HI>(u3, v3),
+    ]
+}
+
+/// 4×4 dword transposes within each 128-bit lane: result `e` lane `L` = `[z0.L[e], z1.L[e], z2.L[e],
+/// z3.L[e]]`.
+#[inline(always)]
+unsafe fn t4(
+    z0: __m512i,
+    z1: __m512i,
+    z2: __m512i,
+    z3: __m512i,
+) -> (__m512i, __m512i, __m512i, __m512i) {
+    let t0 = _mm512_unpacklo_epi32(z0, z1);
+    let t1 = _mm512_unpackhi_epi32(z0, z1);
+    let t2 = _mm512_unpacklo_epi32(z2, z3);
+    let t3 = _mm512_unpackhi_epi32(z2, z3);
+    (
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    )
+}
+
+/// Byte `k` of each dword, zero-extended (`k` < 4).
+#[inline(always)]
+unsafe fn byte_of(v: __m512i, k: u32) -> __m512i {
+    let s = _mm512_srl_epi32(v, _mm_cvtsi32_si128(8 * k as i32));
+    if k == 3 {
+        s
+    } else {
+        _mm512_and_si512(s, _mm512_set1_epi32(0xFF))
+    }
+}
+
+/// Byte `k` of each dword in both i16 halves: `b | b << 16` (`k` < 4).
+#[inline(always)]
+unsafe fn byte_pair_of(v: __m512i, k: i8) -> __m512i {
+    let z = -128i8; // 0x80: a zero byte
+    let c = _mm_setr_epi8(
+        k,
+        z,
+        k,
+        z,
+        4 + k,
+        z,
+        4 + k,
+        z,
+        8 + k,
+        z,
+        8 + k,
+        z,
+        12 + k,
+        z,
+        12 + k,
+        z,
+    );
+    _mm512_shuffle_epi8(v, _mm512_broadcast_i32x4(c))
+}
+
+/// `T` tokens × 16 Q4_K rows (`w[r]`, `nb` blocks each), returned as `[row][token]`.
+///
+/// # Safety
+/// Each `w[r]` must point to `nb` readable blocks of 144 bytes, all within `i32::MAX` bytes of `w[0]`
+/// (gather offsets), and each `a[t]` to `nb` Q8_K blocks; the CPU must have AVX2, FMA, F16C and AVX-512
+/// F/BW/VL/VNNI.
+#[inline(always)]
+pub(super) unsafe fn decode16_q4k<const T: usize>(
+    w: [*const u8; ROWS],
+    a: [*const u8; T],
+    nb: usize,
+) -> [[f32; T]; ROWS] {
+    let base = w[0];
+    let mut off = [0usize; ROWS];
+    let mut off32 = [0i32; ROWS];
+    for r in 0..ROWS {
+        off[r] = w[r].offset_from(base) as usize;
+        off32[r] = off[r] as i32;
+    }
+    let idx = _mm512_loadu_si512(off32.as_ptr() as *const __m512i);
+    let zero = _mm512_setzero_si512();
+    let nib = _mm512_set1_epi8(0x0F);
+    let mut acc = [_mm512_setzero_ps(); T];
+    for b in 0..nb {
+        let p = base.add(b * WB);
+        let mut ab = [core::ptr::null::<u8>(); T];
+        for t in 0..T {
+            ab[t] = a[t].add(b * AB);
+        }
+        // Header of the 16 blocks: (d | dmin << 16) and the 12 scale bytes as three u32 per row.
+        let dd = _mm512_i32gather_epi32::<1>(idx, p as *const i32);
+        let u0 = _mm512_i32gather_epi32::<1>(idx, p.add(4) as *const i32);
+        let u1 = _mm512_i32gather_epi32::<1>(idx, p.add(8) as *const i32);
+        let u2 = _mm512_i32gather_epi32::<1>(idx, p.add(12) as *const i32);
+        let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+        let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
+        // ggml's kmask arithmetic, one row per lane: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes.
+        let (k1, k2, k3) = (
+            _mm512_set1_epi32(0x3f3f_3f3f),
+            _mm512_set1_epi32(0x0f0f_0f0f),
+            _mm512_set1_epi32(0x0303_0303),
+        );
+        let s03 = _mm512_and_si512(u0, k1);
+        let s47 = _mm512_or_si512(
+            _mm512_and_si512(u2, k2),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u0), k3)),
+        );
+        let m03 = _mm512_and_si512(u1, k1);
+        let m47 = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi32::<4>(u2), k2),
+            _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u1), k3)),
+        );
+
+        let mut s = [zero; T];
+        // Group j: qs bytes 32j..32j+32, low nibbles are chunk 2j, high nibbles chunk 2j + 1.
+        for j in 0..4 {
+            let x = load_transpose(p.add(16 + 32 * j), &off);
+            let (sc_lo, sc_hi) = if j < 2 {
+                (byte_of(s03, 2 * j as u32), byte_of(s03, 2 * j as u32 + 1))
+            } else {
+                (
+                    byte_of(s47, 2 * j as u32 - 4),
+                    byte_of(s47, 2 * j as u32 - 3),
+                )
+            };
+            // The high nibbles stay in place (16× their codes): chunk 2j's scale is taken ×16 instead,
+            // and the block's sum divided by 16 at the end (exact).
+            let sc_lo = _mm512_slli_epi32::<4>(sc_lo);
+            let mut lo = [zero; 8];
+            let mut hi = [zero; 8];
+            for m in 0..8 {
+                lo[m] = _mm512_and_si512(x[m], nib);
+                hi[m] = _mm512_andnot_si512(nib, x[m]);
+            }
+            for t in 0..T {
+                // Chunk 2j: activation quads 16j..16j+8; chunk 2j + 1: 16j+8..16j+16.
+                let y = ab[t].add(AQS + 64 * j);
+                let mut il = zero;
+                let mut ih = zero;
+                for m in 0..8 {
+                    il = dpbusd_bcast(il, lo[m], y.add(4 * m));
+                    ih = dpbusd_bcast(ih, hi[m], y.add(32 + 4 * m));
+                }
+                s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(il, sc_lo));
+                s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(ih, sc_hi));
+            }
+        }
+        // Σ min·bsum per (row, token): block sums 2i, 2i+1 (16 elements each) belong to sub-block i.
+        let mut corr = [zero; 8];
+        for i in 0..4 {
+            corr[i] = byte_pair_of(m03, i as i8);
+            corr[4 + i] = byte_pair_of(m47, i as i8);
+        }
+        for t in 0..T {
+            let mut mm = zero;
+            for (i, c) in corr.iter().enumerate() {
+                mm = dpwssd_bcast(mm, *c, ab[t].add(ABSUMS + 4 * i));
+            }
+            let dy = _mm512_set1_ps(read_f32(ab[t]));
+            let st = _mm512_srai_epi32::<4>(s[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, dy), acc[t]);
+            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mm), _mm512_mul_ps(dmin, dy), acc[t]);
+        }
+    }
+    let mut by_token = [[0f32; ROWS]; T];
+    for t in 0..T {
+        _mm512_storeu_ps(by_token[t].as_mut_ptr(), acc[t]);
+    }
+    let mut res = [[0f32; T]; ROWS];
+    for r in 0..ROWS {
+        for t in 0..T {
+            res[r][t] = by_token[t][r];
+        }
+    }
+    res
+}
