@@ -104,8 +104,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
 /// `--spec-type draft-mtp` flags: shared by `run` and `serve`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DraftArgs {
-    /// Most tokens drafted per step with the model's MTP block (0: off; default: 1 when the model has
-    /// the block; drafting switches itself off while it measures slower than plain decoding)
+    /// Most tokens drafted per step with the model's MTP block (0: off; default when the model has the
+    /// block: 2 with the AVX-512 kernels, else 1; drafting switches itself off while it measures slower
+    /// than plain decoding)
     #[arg(long = "draft", value_name = "N")]
     pub n_max: Option<usize>,
     /// Stop drafting a step when the draft's top probability is below P
