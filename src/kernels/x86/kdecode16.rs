@@ -23,7 +23,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kgemm::dpwssd_bcast;
+use super::kgemm::{dpbusd_bcast, dpwssd_bcast};
 use super::kquants::{AB, ABSUMS, AQS};
 use super::{loadu, read_f32};
 
@@ -32,28 +32,6 @@ pub(super) const ROWS: usize = 16;
 
 /// Q4_K block bytes.
 const WB: usize = 144;
-
-/// `acc + Σ₄ a·b` per i32 lane, `b` the 4 bytes at `p` broadcast to every lane: one fused µop.
-///
-/// # Safety
-/// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpbusd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
-    let mut acc = acc;
-    // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features; the
-    // instruction reads only those bytes and writes only `acc`.
-    unsafe {
-        core::arch::asm!(
-            "vpdpbusd {acc}, {a}, dword ptr [{p}]{{1to16}}",
-            acc = inout(zmm_reg) acc,
-            a = in(zmm_reg) a,
-            p = in(reg) p,
-            options(pure, readonly, nostack, preserves_flags)
-        );
-    }
-    acc
-}
 
 /// `[lo | hi]` as one 512-bit vector.
 #[inline(always)]

@@ -318,29 +318,47 @@ unsafe fn tile<K: KFormat, const T: usize>(
     }
 }
 
-/// `acc + Σ₂ a·b` over i16 pairs, `b` the i16 pair at `p` broadcast to every lane: one fused µop. (The
-/// intrinsic with a `set1` operand is split by LLVM into `vpmaddwd` + `vpaddd` for generic x86-64
-/// tuning, plus a separate broadcast: three µops.)
-///
-/// # Safety
-/// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
-#[inline]
-#[target_feature(enable = "avx512f,avx512vnni")]
-pub(super) unsafe fn dpwssd_bcast(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
-    let mut acc = acc;
-    // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features; the
-    // instruction reads only those bytes and writes only `acc`.
-    unsafe {
-        core::arch::asm!(
-            "vpdpwssd {acc}, {a}, dword ptr [{p}]{{1to16}}",
-            acc = inout(zmm_reg) acc,
-            a = in(zmm_reg) a,
-            p = in(reg) p,
-            options(pure, readonly, nostack, preserves_flags)
-        );
-    }
-    acc
+/// A VNNI dot product whose second operand is 4 bytes at `p` broadcast to every lane, as one fused µop
+/// (`vpdp… zmm, zmm, dword ptr [p]{1to16}`).
+macro_rules! dot_bcast {
+    ($(#[$doc:meta])* $name:ident, $insn:literal) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The 4 bytes at `p` must be readable; the CPU must have AVX-512 F and VNNI.
+        #[inline]
+        #[target_feature(enable = "avx512f,avx512vnni")]
+        pub(super) unsafe fn $name(acc: __m512i, a: __m512i, p: *const u8) -> __m512i {
+            let mut acc = acc;
+            // SAFETY: the caller guarantees the 4 bytes at `p` are readable and the CPU features;
+            // the instruction reads only those bytes and writes only `acc`.
+            unsafe {
+                core::arch::asm!(
+                    concat!($insn, " {acc}, {a}, dword ptr [{p}]{{1to16}}"),
+                    acc = inout(zmm_reg) acc,
+                    a = in(zmm_reg) a,
+                    p = in(reg) p,
+                    options(pure, readonly, nostack, preserves_flags)
+                );
+            }
+            acc
+        }
+    };
 }
+
+dot_bcast!(
+    /// `acc + Σ₂ a·b` over i16 pairs, `b` the i16 pair at `p` broadcast to every lane. (The intrinsic
+    /// with a `set1` operand is split by LLVM into `vpmaddwd` + `vpaddd` for generic x86-64 tuning, plus
+    /// a separate broadcast: three µops.)
+    dpwssd_bcast,
+    "vpdpwssd"
+);
+
+dot_bcast!(
+    /// `acc + Σ₄ a·b` per i32 lane (u8 × i8), `b` the 4 bytes at `p` broadcast to every lane.
+    dpbusd_bcast,
+    "vpdpbusd"
+);
 
 #[inline(always)]
 pub(super) unsafe fn shl(v: __m512i, n: i32) -> __m512i {
