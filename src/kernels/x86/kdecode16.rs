@@ -23,7 +23,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kgemm::{dpbusd_bcast, dpwssd_bcast};
+use super::kgemm::{dpbusd_bcast, dpwssd_bcast, transpose16x8};
 use super::kquants::{AB, ABSUMS, AQS};
 use super::{loadu, read_f32};
 
@@ -33,64 +33,29 @@ pub(super) const ROWS: usize = 16;
 /// Q4_K block bytes.
 const WB: usize = 144;
 
-/// `[lo | hi]` as one 512-bit vector.
-#[inline(always)]
-unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
-}
-
 /// Dwords `0..8` of 16 rows, each row's 32 bytes at `p + off[r]`, transposed: `out[q]` lane `r` = row `r`
 /// dword `q`.
 #[inline(always)]
 unsafe fn load_transpose(p: *const u8, off: &[usize; ROWS]) -> [__m512i; 8] {
-    // z[i] = [rows i | rows i+4] (i < 4), [rows 8+i | rows 12+i] (i ≥ 4), so that after the in-lane
-    // 4×4 transposes the 128-bit lanes land in row order with one shuffle each. Spelled out, not in
-    // closures around intrinsics (their bodies would lack the target features).
-    let z0 = join(loadu(p.add(off[0])), loadu(p.add(off[4])));
-    let z1 = join(loadu(p.add(off[1])), loadu(p.add(off[5])));
-    let z2 = join(loadu(p.add(off[2])), loadu(p.add(off[6])));
-    let z3 = join(loadu(p.add(off[3])), loadu(p.add(off[7])));
-    let z4 = join(loadu(p.add(off[8])), loadu(p.add(off[12])));
-    let z5 = join(loadu(p.add(off[9])), loadu(p.add(off[13])));
-    let z6 = join(loadu(p.add(off[10])), loadu(p.add(off[14])));
-    let z7 = join(loadu(p.add(off[11])), loadu(p.add(off[15])));
-    let (u0, u1, u2, u3) = t4(z0, z1, z2, z3);
-    let (v0, v1, v2, v3) = t4(z4, z5, z6, z7);
-    // u[e] lanes: rows 0-3 dword e, rows 0-3 dword 4+e, rows 4-7 dword e, rows 4-7 dword 4+e; v[e] the
-    // same for rows 8-15.
-    const LO: i32 = 0b10_00_10_00;
-    const HI: i32 = 0b11_01_11_01;
-    [
-        _mm512_shuffle_i32x4::<LO>(u0, v0),
-        _mm512_shuffle_i32x4::<LO>(u1, v1),
-        _mm512_shuffle_i32x4::<LO>(u2, v2),
-        _mm512_shuffle_i32x4::<LO>(u3, v3),
-        _mm512_shuffle_i32x4::<HI>(u0, v0),
-        _mm512_shuffle_i32x4::<HI>(u1, v1),
-        _mm512_shuffle_i32x4::<HI>(u2, v2),
-        _mm512_shuffle_i32x4::<HI>(u3, v3),
-    ]
-}
-
-/// 4×4 dword transposes within each 128-bit lane: result `e` lane `L` = `[z0.L[e], z1.L[e], z2.L[e],
-/// z3.L[e]]`.
-#[inline(always)]
-unsafe fn t4(
-    z0: __m512i,
-    z1: __m512i,
-    z2: __m512i,
-    z3: __m512i,
-) -> (__m512i, __m512i, __m512i, __m512i) {
-    let t0 = _mm512_unpacklo_epi32(z0, z1);
-    let t1 = _mm512_unpackhi_epi32(z0, z1);
-    let t2 = _mm512_unpacklo_epi32(z2, z3);
-    let t3 = _mm512_unpackhi_epi32(z2, z3);
-    (
-        _mm512_unpacklo_epi64(t0, t2),
-        _mm512_unpackhi_epi64(t0, t2),
-        _mm512_unpacklo_epi64(t1, t3),
-        _mm512_unpackhi_epi64(t1, t3),
-    )
+    let rows = [
+        loadu(p.add(off[0])),
+        loadu(p.add(off[1])),
+        loadu(p.add(off[2])),
+        loadu(p.add(off[3])),
+        loadu(p.add(off[4])),
+        loadu(p.add(off[5])),
+        loadu(p.add(off[6])),
+        loadu(p.add(off[7])),
+        loadu(p.add(off[8])),
+        loadu(p.add(off[9])),
+        loadu(p.add(off[10])),
+        loadu(p.add(off[11])),
+        loadu(p.add(off[12])),
+        loadu(p.add(off[13])),
+        loadu(p.add(off[14])),
+        loadu(p.add(off[15])),
+    ];
+    transpose16x8(&rows)
 }
 
 /// Byte `k` of each dword, zero-extended (`k` < 4).

@@ -225,39 +225,61 @@ unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out
 #[inline(always)]
 pub(super) unsafe fn transpose16x8(rows: &[__m256i; ROWS]) -> [__m512i; 8] {
     // z[i] = [rows i | rows i+4] (i < 4), [rows 8+i | rows 12+i] (i ≥ 4), so that after the in-lane 4×4
-    // transposes the 128-bit lanes land in row order with one shuffle each.
-    let join = |lo: __m256i, hi: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
-    let z: [__m512i; 8] = core::array::from_fn(|i| {
-        if i < 4 {
-            join(rows[i], rows[i + 4])
-        } else {
-            join(rows[i + 4], rows[i + 8])
-        }
-    });
-    // Per group of four z: u[e] lane L = [z0.L[e], z1.L[e], z2.L[e], z3.L[e]].
-    let t4 = |z: &[__m512i]| -> [__m512i; 4] {
-        let t0 = _mm512_unpacklo_epi32(z[0], z[1]);
-        let t1 = _mm512_unpackhi_epi32(z[0], z[1]);
-        let t2 = _mm512_unpacklo_epi32(z[2], z[3]);
-        let t3 = _mm512_unpackhi_epi32(z[2], z[3]);
-        [
-            _mm512_unpacklo_epi64(t0, t2),
-            _mm512_unpackhi_epi64(t0, t2),
-            _mm512_unpacklo_epi64(t1, t3),
-            _mm512_unpackhi_epi64(t1, t3),
-        ]
-    };
-    let u = t4(&z[..4]);
-    let v = t4(&z[4..]);
+    // transposes the 128-bit lanes land in row order with one shuffle each. Spelled out, not in
+    // closures around intrinsics (a closure's body lacks the target features: they would be calls).
+    let (u0, u1, u2, u3) = t4(
+        join(rows[0], rows[4]),
+        join(rows[1], rows[5]),
+        join(rows[2], rows[6]),
+        join(rows[3], rows[7]),
+    );
+    let (v0, v1, v2, v3) = t4(
+        join(rows[8], rows[12]),
+        join(rows[9], rows[13]),
+        join(rows[10], rows[14]),
+        join(rows[11], rows[15]),
+    );
     // u[e] lanes: rows 0-3 elem e, rows 0-3 elem 4+e, rows 4-7 elem e, rows 4-7 elem 4+e; v[e] the same
     // for rows 8-15.
-    core::array::from_fn(|q| {
-        if q < 4 {
-            _mm512_shuffle_i32x4::<0b10_00_10_00>(u[q], v[q])
-        } else {
-            _mm512_shuffle_i32x4::<0b11_01_11_01>(u[q - 4], v[q - 4])
-        }
-    })
+    const LO: i32 = 0b10_00_10_00;
+    const HI: i32 = 0b11_01_11_01;
+    [
+        _mm512_shuffle_i32x4::<LO>(u0, v0),
+        _mm512_shuffle_i32x4::<LO>(u1, v1),
+        _mm512_shuffle_i32x4::<LO>(u2, v2),
+        _mm512_shuffle_i32x4::<LO>(u3, v3),
+        _mm512_shuffle_i32x4::<HI>(u0, v0),
+        _mm512_shuffle_i32x4::<HI>(u1, v1),
+        _mm512_shuffle_i32x4::<HI>(u2, v2),
+        _mm512_shuffle_i32x4::<HI>(u3, v3),
+    ]
+}
+
+/// `[lo | hi]` as one 512-bit vector.
+#[inline(always)]
+unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi)
+}
+
+/// 4×4 u32 transposes within each 128-bit lane: result `e` lane `L` = `[z0.L[e], z1.L[e], z2.L[e],
+/// z3.L[e]]`.
+#[inline(always)]
+unsafe fn t4(
+    z0: __m512i,
+    z1: __m512i,
+    z2: __m512i,
+    z3: __m512i,
+) -> (__m512i, __m512i, __m512i, __m512i) {
+    let t0 = _mm512_unpacklo_epi32(z0, z1);
+    let t1 = _mm512_unpackhi_epi32(z0, z1);
+    let t2 = _mm512_unpacklo_epi32(z2, z3);
+    let t3 = _mm512_unpackhi_epi32(z2, z3);
+    (
+        _mm512_unpacklo_epi64(t0, t2),
+        _mm512_unpackhi_epi64(t0, t2),
+        _mm512_unpacklo_epi64(t1, t3),
+        _mm512_unpackhi_epi64(t1, t3),
+    )
 }
 
 /// `T` tokens × the panel's 16 rows over all `panel.len()` blocks; token `t`'s 16 results are stored
