@@ -311,30 +311,11 @@ thread_local! {
     static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
 }
 
-/// The IQ format `K` as a [`PanelKernel`].
-struct IqPanel<K>(core::marker::PhantomData<K>);
-
-// SAFETY: `PanelBlock` is vectors only.
-unsafe impl<K: IqBlock> PanelKernel for IqPanel<K> {
-    type Block = PanelBlock;
-    const WB: usize = K::WB;
-    fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<PanelBlock>>> {
-        &PANEL
-    }
-    #[inline(always)]
-    unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
-        unpack::<K>(w, rb, rows, b, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const T: usize>(
-        panel: &[PanelBlock],
-        a: [*const u8; T],
-        out: [*mut f32; T],
-        mask: __mmask16,
-    ) {
-        tile::<K, T>(panel, a, out, mask)
-    }
-}
+super::kgemm::panel_kernel!(
+    /// The IQ format `K` as a [`PanelKernel`].
+    IqPanel,
+    IqBlock
+);
 
 /// `out(t, r) = W[r] · A[t]` for rows `w` of format `K` (`out.rows()` of them) and Q8_K activations `a`
 /// (`out.n_tok()` rows).

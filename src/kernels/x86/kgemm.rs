@@ -70,30 +70,43 @@ pub(super) unsafe trait PanelKernel {
     );
 }
 
-/// The K-quant format `K` as a [`PanelKernel`].
-pub(super) struct KPanel<K>(core::marker::PhantomData<K>);
+/// `$vis struct $panel<K>` implementing [`PanelKernel`] for every `K: $bound` with the calling
+/// module's `PanelBlock`, its `PANEL` buffer and its `unpack::<K>` / `tile::<K, T>`.
+macro_rules! panel_kernel {
+    ($(#[$doc:meta])* $vis:vis $panel:ident, $bound:path) => {
+        $(#[$doc])*
+        $vis struct $panel<K>(core::marker::PhantomData<K>);
 
-// SAFETY: `PanelBlock` is vectors only.
-unsafe impl<K: KFormat> PanelKernel for KPanel<K> {
-    type Block = PanelBlock;
-    const WB: usize = K::WB;
-    fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<PanelBlock>>> {
-        &PANEL
-    }
-    #[inline(always)]
-    unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
-        unpack::<K>(w, rb, rows, b, out)
-    }
-    #[inline(always)]
-    unsafe fn tile<const T: usize>(
-        panel: &[PanelBlock],
-        a: [*const u8; T],
-        out: [*mut f32; T],
-        mask: __mmask16,
-    ) {
-        tile::<K, T>(panel, a, out, mask)
-    }
+        // SAFETY: `PanelBlock` is vectors only.
+        unsafe impl<K: $bound> PanelKernel for $panel<K> {
+            type Block = PanelBlock;
+            const WB: usize = K::WB;
+            fn buffer() -> &'static std::thread::LocalKey<Cell<Vec<PanelBlock>>> {
+                &PANEL
+            }
+            #[inline(always)]
+            unsafe fn unpack(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+                unpack::<K>(w, rb, rows, b, out)
+            }
+            #[inline(always)]
+            unsafe fn tile<const T: usize>(
+                panel: &[PanelBlock],
+                a: [*const u8; T],
+                out: [*mut f32; T],
+                mask: __mmask16,
+            ) {
+                tile::<K, T>(panel, a, out, mask)
+            }
+        }
+    };
 }
+pub(super) use panel_kernel;
+
+panel_kernel!(
+    /// The K-quant format `K` as a [`PanelKernel`].
+    pub(super) KPanel,
+    KFormat
+);
 
 /// `out(t, r) = W[r] · A[t]` for K-quant rows `w` (`out.rows()` of them) and Q8_K activations `a`
 /// (`out.n_tok()` rows).
