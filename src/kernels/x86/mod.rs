@@ -259,14 +259,10 @@ pub(crate) unsafe fn quant_rows<
     let wrow = |r: usize| wp.add(r * rb);
     let arow = |t: usize| ap.add(t * ab);
     match n_tok {
-        // One or two tokens: 4-row tiles even where wider ones exist (`kdecode16` pays a transpose per
-        // block that only three or more tokens amortize).
-        1 if RD > 4 => return stripes::<S, K, 4, 1>(w, a, n_rows, out),
-        1 => return stripes::<S, K, RD, 1>(w, a, n_rows, out),
-        2 if RD > 4 => return stripes::<S, K, 4, 2>(w, a, n_rows, out),
-        2 => return stripes::<S, K, RD, 2>(w, a, n_rows, out),
-        3 => return stripes::<S, K, RD, 3>(w, a, n_rows, out),
-        4 => return stripes::<S, K, RD, 4>(w, a, n_rows, out),
+        1 => return decode_layout::<S, K, RD, 1>(w, a, n_rows, out),
+        2 => return decode_layout::<S, K, RD, 2>(w, a, n_rows, out),
+        3 => return decode_layout::<S, K, RD, 3>(w, a, n_rows, out),
+        4 => return decode_layout::<S, K, RD, 4>(w, a, n_rows, out),
         _ => {}
     }
     let mut t = 0;
@@ -318,6 +314,26 @@ pub(crate) unsafe fn quant_rows<
     }
 }
 
+/// [`stripes`] with tiles of `RD` rows where they pay, else of 4: wider tiles (`kdecode16`'s 16 rows) pay
+/// a transpose per block that only three or more tokens amortize, and gather their block headers with
+/// i32 offsets from the tile's first row.
+///
+/// # Safety
+/// As [`stripes`].
+#[inline(always)]
+unsafe fn decode_layout<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
+    w: &[u8],
+    a: &[u8],
+    n_rows: usize,
+    out: &mut [f32],
+) {
+    if RD > 4 && (T < 3 || w.len() > i32::MAX as usize) {
+        stripes::<S, K, 4, T>(w, a, n_rows, out)
+    } else {
+        stripes::<S, K, RD, T>(w, a, n_rows, out)
+    }
+}
+
 // `quant_rows` has one `stripes` instance per few-token count.
 const _: () = assert!(FEW_TOKENS == 4);
 
@@ -345,10 +361,6 @@ unsafe fn stripes<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let wrow = |r: usize| wp.add(r * rb);
     let arows: [*const u8; T] = core::array::from_fn(|t| ap.add(t * ab));
-    // The 16-row tiles gather their block headers with i32 offsets from the tile's first row.
-    if RD > 4 && w.len() > i32::MAX as usize {
-        return stripes::<S, K, 4, T>(w, a, n_rows, out);
-    }
     let q = n_rows / RD;
     for g in 0..q {
         let res = K::stream::<S, RD, T>(core::array::from_fn(|i| wrow(g + i * q)), arows, nb);
