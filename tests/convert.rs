@@ -120,6 +120,7 @@ fn q4_k_m_equals_quantize_of_the_f32_conversion() {
         imatrix: None,
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     };
     quantize_file(&f32, &two_step, &q).unwrap();
     assert_same_file(&direct, &two_step);

@@ -58,6 +58,7 @@ fn quantize(src: &Path, ty: FileType) -> PathBuf {
         imatrix: None,
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     };
     quantize_file(src, &out, &opts).unwrap();
     out

@@ -30,6 +30,7 @@ fn check(reference: &str, ftype: FileType, pure: bool) {
         imatrix: None,
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     };
     quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap();
     let ours = GgufFile::open(&out).unwrap();
@@ -113,6 +114,7 @@ fn refuses_to_overwrite_and_leaves_no_partial_file() {
         imatrix: None,
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     };
     let e = quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap_err();
     assert!(e.to_string().contains("exists"), "{e}");
@@ -140,6 +142,7 @@ fn keep_pattern_leaves_tensors_alone() {
         imatrix: None,
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     };
     quantize_file(&shared("tiny-r2/tiny-r2-F32.gguf"), &out, &opts).unwrap();
     let f = GgufFile::open(&out).unwrap();

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 
 use deltaq::gguf::GgufFile;
 use deltaq::quant::GgmlType;
-use deltaq::quantize::{quantize_file, FileType, Imatrix, ImatrixOptions, QuantizeOptions};
+use deltaq::quantize::{
+    quantize_file, FileType, Imatrix, ImatrixOptions, QuantizeOptions, TensorTypeOverride,
+};
 use sha2::{Digest, Sha256};
 
 fn root(rel: &str) -> PathBuf {
@@ -42,9 +44,18 @@ fn reference(name: &str) -> Vec<(String, String, String)> {
 }
 
 /// The options tools/make-imatrix-vectors.sh gives llama-quantize for a reference name.
+/// The `--tensor-type` arguments of the tt-<FTYPE> references (as in tools/make-imatrix-vectors.sh).
+fn tensor_type_args(name: &str) -> &'static [&'static str] {
+    match name {
+        "tt-Q4_K_M" => &[r"blk\.1\.ffn_down=q8_0", "attn_(k|q)=q5_K", "attn_k=q4_0"],
+        "tt-IQ2_M" => &[r"blk\.1\.=q4_K", "FFN_UP=iq3_s"],
+        _ => &[],
+    }
+}
+
 fn options(name: &str, imatrix: &Path) -> QuantizeOptions {
     let pure = name.starts_with("pure-");
-    let base = name.trim_start_matches("pure-");
+    let base = name.trim_start_matches("pure-").trim_start_matches("tt-");
     let ftype = match name {
         "pure-Q3_K" => "Q3_K_M",
         "pure-Q4_K" => "Q4_K_M",
@@ -66,6 +77,10 @@ fn options(name: &str, imatrix: &Path) -> QuantizeOptions {
         }),
         token_embedding_type: low_bit.then_some(GgmlType::Q4_K),
         output_tensor_type: low_bit.then_some(GgmlType::Q4_K),
+        tensor_types: tensor_type_args(name)
+            .iter()
+            .map(|a| TensorTypeOverride::parse(a).unwrap())
+            .collect(),
     }
 }
 
@@ -163,6 +178,8 @@ data_tests! {
     pure_iq2_s => "pure-IQ2_S",
     pure_iq1_s => "pure-IQ1_S",
     pure_iq1_m => "pure-IQ1_M",
+    tensor_type_q4_k_m => "tt-Q4_K_M",
+    tensor_type_iq2_m => "tt-IQ2_M",
 }
 
 /// The same matrix as a legacy .dat file gives the same file (llama-quantize agrees: see
@@ -379,8 +396,8 @@ fn inconsistent_gguf_imatrix_files_are_errors() {
 }
 
 /// A file with a multi-token-prediction block (the demo model): importance matrices never cover that
-/// block, so the 2-bit types refuse it with a message that names the block and the way out, and
-/// `--keep-f32 'blk.N.'` makes the file.
+/// block, so the 2-bit types refuse it with a message that names the block and the ways out:
+/// `--tensor-type 'blk\.N\.=q4_K'` (that block in Q4_K) and `--keep-f32 'blk.N.'` make the file.
 #[test]
 fn mtp_block_without_weights_is_explained() {
     let dir = tempfile::tempdir().unwrap();
@@ -425,10 +442,33 @@ fn mtp_block_without_weights_is_explained() {
     assert!(
         err.contains("blk.8.")
             && err.contains("multi-token-prediction")
-            && err.contains("--keep-f32 'blk.8.'"),
+            && err.contains("--keep-f32 'blk.8.'")
+            && err.contains(r"--tensor-type 'blk\.8\.=q4_K'"),
         "{err}"
     );
     assert!(!q.exists(), "no partial output is left behind");
+    let out = quantize(&["--tensor-type", r"blk\.8\.=q4_K"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f = GgufFile::open(&q).unwrap();
+    let types = |prefix: &str| -> Vec<String> {
+        f.tensors()
+            .iter()
+            .filter(|t| t.name.starts_with(prefix) && t.ne.len() == 2 && t.ne[1] > 1)
+            .map(|t| t.ty.name().to_string())
+            .collect()
+    };
+    assert!(
+        types("blk.8.").iter().all(|t| t == "Q4_K"),
+        "{:?}",
+        types("blk.8.")
+    );
+    assert!(types("blk.0.").iter().any(|t| t == "IQ2_XXS"));
+    drop(f);
+    std::fs::remove_file(&q).unwrap();
     let out = quantize(&["--keep-f32", "blk.8."]);
     assert!(
         out.status.success(),

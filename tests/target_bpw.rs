@@ -40,6 +40,7 @@ fn options(imatrix: bool) -> QuantizeOptions {
         }),
         token_embedding_type: None,
         output_tensor_type: None,
+        tensor_types: Vec::new(),
     }
 }
 

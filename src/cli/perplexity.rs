@@ -205,6 +205,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     imatrix: im,
                     token_embedding_type: None,
                     output_tensor_type: None,
+                    tensor_types: Vec::new(),
                 };
                 quantize_file(src, &out, &opts)
                     .with_context(|| format!("quantizing {} to {ty}{with}", src.display()))?;
@@ -234,6 +235,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                     imatrix: im,
                     token_embedding_type: None,
                     output_tensor_type: None,
+                    tensor_types: Vec::new(),
                 };
                 quantize_file_to_bpw(src, &out, target, &opts).with_context(|| {
                     format!("quantizing {} to {target} bpw{with}", src.display())

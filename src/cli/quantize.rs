@@ -3,6 +3,7 @@ use std::path::PathBuf;
 use deltaq::quant::GgmlType;
 use deltaq::quantize::{
     quantize_file, quantize_file_to_bpw, FileType, ImatrixOptions, QuantizeOptions,
+    TensorTypeOverride,
 };
 
 #[derive(clap::Args)]
@@ -48,6 +49,18 @@ pub struct Args {
     /// Type of output.weight, whatever the mixture
     #[arg(long, value_name = "TYPE", value_parser = parse_ggml_type)]
     output_tensor_type: Option<GgmlType>,
+    /// Give tensors whose name matches the regular expression PATTERN (lower-cased) this ggml type
+    /// instead of the mixture's choice, as llama-quantize's option; repeatable, the first match wins.
+    /// E.g. --tensor-type 'blk\.24\.=q4_K' for a multi-token-prediction block that no imatrix covers
+    #[arg(
+        long = "tensor-type",
+        value_name = "PATTERN=TYPE",
+        conflicts_with = "target_bpw"
+    )]
+    tensor_type: Vec<String>,
+    /// Read PATTERN=TYPE entries (separated by white space) from FILE, after the --tensor-type ones
+    #[arg(long, value_name = "FILE", conflicts_with = "target_bpw")]
+    tensor_type_file: Option<PathBuf>,
     /// Overwrite an existing output file
     #[arg(long)]
     force: bool,
@@ -69,6 +82,14 @@ fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
+    let mut tensor_types = a
+        .tensor_type
+        .iter()
+        .map(|s| TensorTypeOverride::parse(s))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if let Some(path) = &a.tensor_type_file {
+        tensor_types.extend(TensorTypeOverride::parse_file(path)?);
+    }
     let opts = QuantizeOptions {
         ftype: a.ftype.unwrap_or(FileType::F32),
         pure: a.pure,
@@ -82,6 +103,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }),
         token_embedding_type: a.token_embedding_type,
         output_tensor_type: a.output_tensor_type,
+        tensor_types,
     };
     let (s, what) = match a.target_bpw {
         Some(target) => {

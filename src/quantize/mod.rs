@@ -19,6 +19,7 @@ use crate::quant::{dequantize_row, quantize_row_imatrix, GgmlType};
 pub use imatrix::Imatrix;
 pub use recipe::{
     is_quantizable, sort_like_llama_quantize, tensor_requires_imatrix, FileType, Recipe,
+    TensorTypeOverride,
 };
 pub use target_bpw::{
     allocate, pick_for_lambda, quantize_file_to_bpw, quantize_file_to_bpw_sampled, Choice,
@@ -228,6 +229,8 @@ pub struct QuantizeOptions {
     /// `--token-embedding-type`, `--output-tensor-type`: these two tensors' types, whatever the recipe.
     pub token_embedding_type: Option<GgmlType>,
     pub output_tensor_type: Option<GgmlType>,
+    /// `--tensor-type PATTERN=TYPE` (and `--tensor-type-file`): per-tensor types by name pattern.
+    pub tensor_types: Vec<TensorTypeOverride>,
 }
 
 /// llama-quantize's `--imatrix FILE` with `--include-weights` / `--exclude-weights` (name substrings).
@@ -375,6 +378,7 @@ pub fn plan_weighted<'a, 'm>(
     recipe.has_imatrix = imatrix.is_some();
     recipe.token_embedding_type = opts.token_embedding_type;
     recipe.output_tensor_type = opts.output_tensor_type;
+    recipe.tensor_types = opts.tensor_types.clone();
     let mut plan = Vec::with_capacity(names.len());
     let mut weights = Vec::with_capacity(names.len());
     for name in &names {
@@ -403,9 +407,11 @@ pub fn plan_weighted<'a, 'm>(
                     .map(|il| format!("blk.{il}."))
                     .find(|p| name.starts_with(p.as_str()));
                 let hint = mtp.map_or_else(String::new, |p| {
+                    let re = p.replace('.', "\\.");
                     format!(
                         "; {name} is in the multi-token-prediction block, which importance matrices \
-                         never cover: --keep-f32 '{p}' keeps that block as it is"
+                         never cover: --tensor-type '{re}=q4_K' gives that block a type that needs none \
+                         (--keep-f32 '{p}' keeps it as it is)"
                     )
                 });
                 bail!(

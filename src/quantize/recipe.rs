@@ -310,6 +310,8 @@ pub struct Recipe {
     /// `--token-embedding-type` / `--output-tensor-type`.
     pub token_embedding_type: Option<GgmlType>,
     pub output_tensor_type: Option<GgmlType>,
+    /// `--tensor-type PATTERN=TYPE`, in the order given.
+    pub tensor_types: Vec<TensorTypeOverride>,
     n_layer: i64,
     n_gqa: u64,
     n_expert: u64,
@@ -343,6 +345,7 @@ impl Recipe {
             has_imatrix: false,
             token_embedding_type: None,
             output_tensor_type: None,
+            tensor_types: Vec::new(),
             n_layer: n_layer as i64,
             n_gqa,
             n_expert: 0,
@@ -380,10 +383,17 @@ impl Recipe {
         if !default.is_quantized() {
             return Ok(Some(default));
         }
-        let ty = if self.pure {
-            default
-        } else {
-            self.mixture(name, ne, default, cat)?
+        // The first --tensor-type pattern found in the name wins, even with --pure; the mixture (and
+        // so its per-layer counters) is then skipped for this tensor, as in llama-quantize.
+        let manual = self
+            .tensor_types
+            .iter()
+            .find(|o| o.matches(name))
+            .map(|o| o.ty);
+        let ty = match manual {
+            Some(ty) => ty,
+            None if self.pure => default,
+            None => self.mixture(name, ne, default, cat)?,
         };
         Ok(Some(fallback(ty, ne[0])))
     }
@@ -587,6 +597,53 @@ impl Recipe {
     }
 }
 
+/// llama-quantize's `--tensor-type PATTERN=TYPE`: tensors whose name contains a match of the regular
+/// expression PATTERN (lower-cased, as llama-quantize does) get TYPE instead of the mixture's choice
+/// (after `--token-embedding-type` / `--output-tensor-type`, before the block-size fallback).
+#[derive(Clone, Debug)]
+pub struct TensorTypeOverride {
+    pub pattern: String,
+    regex: fancy_regex::Regex,
+    pub ty: GgmlType,
+}
+
+impl TensorTypeOverride {
+    /// Parses `PATTERN=TYPE` (TYPE a ggml type name, any case).
+    pub fn parse(arg: &str) -> anyhow::Result<TensorTypeOverride> {
+        let (name, ty) = arg.split_once('=').ok_or_else(|| {
+            anyhow::anyhow!("malformed tensor type '{arg}': expected PATTERN=TYPE")
+        })?;
+        anyhow::ensure!(!name.is_empty(), "missing tensor name in '{arg}'");
+        anyhow::ensure!(!ty.is_empty(), "missing quantization type in '{arg}'");
+        let ty = GgmlType::from_name(ty)
+            .filter(|t| {
+                t.block_size() > 1 || matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+            })
+            .ok_or_else(|| anyhow::anyhow!("invalid quantization type '{ty}' in '{arg}'"))?;
+        let pattern = name.to_lowercase();
+        let regex = fancy_regex::Regex::new(&pattern)
+            .map_err(|e| anyhow::anyhow!("bad tensor name pattern '{pattern}': {e}"))?;
+        Ok(TensorTypeOverride { pattern, regex, ty })
+    }
+
+    /// llama-quantize's `--tensor-type-file`: entries separated by white space.
+    pub fn parse_file(path: &std::path::Path) -> anyhow::Result<Vec<TensorTypeOverride>> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("cannot read tensor type file {}: {e}", path.display()))?;
+        text.split_whitespace()
+            .map(|a| {
+                TensorTypeOverride::parse(a).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+            })
+            .collect()
+    }
+
+    /// Whether the pattern occurs in `name` (a regex search). A pattern too costly to decide (fancy-regex's
+    /// backtracking limit) counts as no match.
+    pub fn matches(&self, name: &str) -> bool {
+        self.regex.is_match(name).unwrap_or(false)
+    }
+}
+
 /// llama-quantize's substitutes when a row is not a whole number of blocks of the chosen type.
 fn fallback(ty: GgmlType, row: u64) -> GgmlType {
     use GgmlType as T;
@@ -651,6 +708,24 @@ mod tests {
             "[n, 1] counts as 1-D"
         );
         assert!(is_quantizable("blk.0.ssm_alpha.weight", &[256, 4]));
+    }
+
+    #[test]
+    fn tensor_type_overrides_parse_as_llama_quantize() {
+        let o = TensorTypeOverride::parse(r"BLK\.24\.=Q4_k").unwrap();
+        assert_eq!((o.pattern.as_str(), o.ty), (r"blk\.24\.", GgmlType::Q4_K));
+        assert!(o.matches("blk.24.ffn_up.weight") && !o.matches("blk.2.ffn_up.weight"));
+        for bad in [
+            "attn_q",
+            "=q4_0",
+            "attn_q=",
+            "attn_q=q9_9",
+            "attn_q=i8",
+            "(=q4_0",
+        ] {
+            let e = TensorTypeOverride::parse(bad).unwrap_err().to_string();
+            assert!(e.contains(bad.split('=').next().unwrap()), "{bad}: {e}");
+        }
     }
 
     #[test]
