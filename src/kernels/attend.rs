@@ -313,33 +313,92 @@ pub(crate) fn body_many<T: Copy>(
     mut axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
 ) {
     let (stride, off) = (kv.stride, kv.offset);
+    let mut run = Running::new(qs, n_ctx, out);
+    for_each_block(&kv, run.n_all, |kp, vp, p0, b0, rows| {
+        let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
+        run.block(p0, b0, rows, kv.page_rows, |i, q, out, state, s, w| {
+            query_block(
+                q,
+                out,
+                state,
+                (k, v, stride, hd),
+                scale,
+                (s, w),
+                |q, key| dot(i, q, key),
+                &mut axpy_rows,
+            )
+        });
+    });
+    run.finish();
+}
+
+/// Queries per group in [`body_grouped`].
+pub(crate) const GROUP: usize = 4;
+
+/// The streaming softmax of several queries over an element cache (`hd = qs.len() / n_ctx.len()`),
+/// for kernels that serve up to [`GROUP`] queries from each load of a key or value row. Within a block
+/// of positions, consecutive queries that see the same rows of it (the heads of one token, or every
+/// query far from the causal edge) form a group:
+/// - `scores(qs, k, stride, s, r)`: `s[j][..r]` = the raw dot products of query `j` of the group (`qs`
+///   holds the group's queries, `hd` values each) with key rows `k[i·stride..][..hd]`, `i < r`;
+/// - `weights(s, max) -> Σ`: `s ← e^{s − max}` in place, returning the block's sum of them;
+/// - `values(out, w, v, stride, r)`: `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for the group's outputs, each
+///   element taking the rows in order.
+///
+/// Each query's arithmetic must not depend on the group it is in (kernels give every (query, row) pair
+/// the same operations whatever the group size): then one query alone (`n_ctx.len() == 1`) gets the
+/// same bits as in any tile, which is what keeps decoding, verification and prefill consistent.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(crate) fn body_grouped<T: Copy>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+    scores: impl Fn(&[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
+    weights: impl Fn(&mut [f32], f32) -> f32,
+    values: impl Fn(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
+) {
+    let (stride, off, page_rows) = (kv.stride, kv.offset, kv.page_rows);
     let nq = n_ctx.len();
-    let len = qs.len() / nq;
+    let hd = qs.len() / nq;
     let n_all = n_ctx.iter().copied().max().unwrap_or(0);
     out.fill(0.0);
-    // Per query: the running maximum and normalizer.
     let mut state = vec![(f32::NEG_INFINITY, 0f64); nq];
-    let mut s = [0f32; BLOCK];
-    let mut w = [0f32; BLOCK];
-    for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
-        let p0 = p * kv.page_rows;
-        if p0 >= n_all {
-            break;
-        }
-        let rows = kv.page_rows.min(n_all - p0);
-        for b0 in (0..rows).step_by(BLOCK) {
-            for (i, (&n, (max, sum))) in n_ctx.iter().zip(state.iter_mut()).enumerate() {
-                // This query's rows in the page, as it would count them alone.
-                let rows_i = kv.page_rows.min(n.saturating_sub(p0));
-                if b0 >= rows_i {
-                    continue;
-                }
-                let (q, out) = (&qs[i * len..][..len], &mut out[i * len..][..len]);
-                let s = &mut s[..BLOCK.min(rows_i - b0)];
+    let mut s = [[0f32; BLOCK]; GROUP];
+    for_each_block(&kv, n_all, |kp, vp, p0, b0, rows| {
+        // Rows of this block query `i` sees (as it would count them alone), 0 if none.
+        let seen = |i: usize| {
+            page_rows
+                .min(n_ctx[i].saturating_sub(p0))
+                .saturating_sub(b0)
+                .min(rows)
+        };
+        let mut i = 0;
+        while i < nq {
+            let r = seen(i);
+            if r == 0 {
+                i += 1;
+                continue;
+            }
+            let mut g = 1;
+            while g < GROUP && i + g < nq && seen(i + g) == r {
+                g += 1;
+            }
+            let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
+            scores(&qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
+            let outs = &mut out[i * hd..(i + g) * hd];
+            for ((s, (max, sum)), out) in s[..g]
+                .iter_mut()
+                .zip(&mut state[i..i + g])
+                .zip(outs.chunks_exact_mut(hd))
+            {
+                let s = &mut s[..r];
                 let mut block_max = f32::NEG_INFINITY;
-                for (r, s) in s.iter_mut().enumerate() {
-                    *s = dot(i, q, &kp[(b0 + r) * stride + off..][..hd]) * scale;
-                    block_max = block_max.max(*s);
+                for x in s.iter_mut() {
+                    *x *= scale;
+                    block_max = block_max.max(*x);
                 }
                 if block_max > *max {
                     // Everything so far was weighted by e^{−max}; move it to the new maximum.
@@ -348,22 +407,132 @@ pub(crate) fn body_many<T: Copy>(
                     *sum *= c as f64;
                     *max = block_max;
                 }
-                // The block's weights first, then all its value rows in one pass over `out` (each
-                // element still takes the rows in order: the same sums as one row at a time).
-                let w = &mut w[..s.len()];
-                for (w, s) in w.iter_mut().zip(s.iter()) {
-                    *w = (s - *max).exp();
-                    *sum += *w as f64;
-                }
-                let rows_v = &vp[b0 * stride + off..][..(w.len() - 1) * stride + hd];
-                axpy_rows(out, w, rows_v, stride);
+                *sum += weights(s, *max) as f64;
             }
+            values(outs, &s[..g], v, stride, r);
+            i += g;
         }
-    }
-    for ((_, sum), out) in state.iter().zip(out.chunks_exact_mut(len)) {
+    });
+    for ((_, sum), out) in state.iter().zip(out.chunks_exact_mut(hd)) {
         let inv = (1.0 / sum) as f32;
         out.iter_mut().for_each(|o| *o *= inv);
     }
+}
+
+/// Calls `f(k_page, v_page, p0, b0, rows)` for every block of `BLOCK` positions (fewer at the end of a
+/// page or of the context) among the first `n_all` positions: the block starts at row `b0` of the page
+/// that starts at position `p0`.
+#[inline(always)]
+fn for_each_block<T>(
+    kv: &KvPages<'_, T>,
+    n_all: usize,
+    mut f: impl FnMut(&[T], &[T], usize, usize, usize),
+) {
+    for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
+        let p0 = p * kv.page_rows;
+        if p0 >= n_all {
+            break;
+        }
+        let rows = kv.page_rows.min(n_all - p0);
+        for b0 in (0..rows).step_by(BLOCK) {
+            f(kp, vp, p0, b0, BLOCK.min(rows - b0));
+        }
+    }
+}
+
+/// The queries' running state: outputs, per-query maximum and normalizer, score and weight buffers.
+struct Running<'a> {
+    qs: &'a [f32],
+    n_ctx: &'a [usize],
+    out: &'a mut [f32],
+    len: usize,
+    n_all: usize,
+    state: Vec<(f32, f64)>,
+    s: [f32; BLOCK],
+    w: [f32; BLOCK],
+}
+
+impl<'a> Running<'a> {
+    fn new(qs: &'a [f32], n_ctx: &'a [usize], out: &'a mut [f32]) -> Running<'a> {
+        out.fill(0.0);
+        Running {
+            qs,
+            n_ctx,
+            len: qs.len() / n_ctx.len(),
+            n_all: n_ctx.iter().copied().max().unwrap_or(0),
+            out,
+            state: vec![(f32::NEG_INFINITY, 0f64); n_ctx.len()],
+            s: [0f32; BLOCK],
+            w: [0f32; BLOCK],
+        }
+    }
+
+    /// Runs `step(i, q, out, state, scores, weights)` for every query that sees row `b0` of the page
+    /// starting at `p0`, with the block cut to the rows that query sees.
+    #[inline(always)]
+    #[allow(clippy::type_complexity)]
+    fn block(
+        &mut self,
+        p0: usize,
+        b0: usize,
+        rows: usize,
+        page_rows: usize,
+        mut step: impl FnMut(usize, &[f32], &mut [f32], &mut (f32, f64), &mut [f32], &mut [f32]),
+    ) {
+        let len = self.len;
+        for (i, (&n, state)) in self.n_ctx.iter().zip(self.state.iter_mut()).enumerate() {
+            // This query's rows in the page, as it would count them alone.
+            let rows_i = page_rows.min(n.saturating_sub(p0));
+            if b0 >= rows_i {
+                continue;
+            }
+            let r = rows.min(rows_i - b0);
+            let (q, out) = (&self.qs[i * len..][..len], &mut self.out[i * len..][..len]);
+            step(i, q, out, state, &mut self.s[..r], &mut self.w[..r]);
+        }
+    }
+
+    fn finish(self) {
+        for ((_, sum), out) in self.state.iter().zip(self.out.chunks_exact_mut(self.len)) {
+            let inv = (1.0 / sum) as f32;
+            out.iter_mut().for_each(|o| *o *= inv);
+        }
+    }
+}
+
+/// One query over one block of `s.len()` rows: row `r`'s key is `k[r·stride..][..hd]`, its value
+/// `v[r·stride..][..hd]`. Scores, the running maximum's rescaling, the weights, then the value rows.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn query_block<U>(
+    q: &[f32],
+    out: &mut [f32],
+    (max, sum): &mut (f32, f64),
+    (k, v, stride, hd): (&[U], &[U], usize, usize),
+    scale: f32,
+    (s, w): (&mut [f32], &mut [f32]),
+    dot: impl Fn(&[f32], &[U]) -> f32,
+    axpy_rows: &mut impl FnMut(&mut [f32], &[f32], &[U], usize),
+) {
+    let mut block_max = f32::NEG_INFINITY;
+    for (r, s) in s.iter_mut().enumerate() {
+        *s = dot(q, &k[r * stride..][..hd]) * scale;
+        block_max = block_max.max(*s);
+    }
+    if block_max > *max {
+        // Everything so far was weighted by e^{−max}; move it to the new maximum.
+        let c = (*max - block_max).exp();
+        out.iter_mut().for_each(|o| *o *= c);
+        *sum *= c as f64;
+        *max = block_max;
+    }
+    // The block's weights first, then all its value rows in one pass over `out` (each element still
+    // takes the rows in order: the same sums as one row at a time).
+    for (w, s) in w.iter_mut().zip(s.iter()) {
+        *w = (s - *max).exp();
+        *sum += *w as f64;
+    }
+    axpy_rows(out, w, &v[..(w.len() - 1) * stride + hd], stride);
 }
 
 #[cfg(test)]

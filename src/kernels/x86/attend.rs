@@ -7,7 +7,8 @@ use core::arch::x86_64::*;
 use half::f16;
 
 use super::hsum_ps;
-use crate::kernels::attend::{self, KvPages};
+use super::ops::exp_ps;
+use crate::kernels::attend::{self, KvPages, BLOCK};
 
 /// A KV element type: 8 consecutive elements as 8 f32 lanes.
 pub(crate) trait Row: Copy {
@@ -28,108 +29,204 @@ impl Row for f16 {
     }
 }
 
-/// `a · b` over the first multiple of 8 elements, four accumulators (chunk `i` of 8 into accumulator
-/// `i % 4`), 32 elements per step so the accumulators stay in registers.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available (inlined into the `#[target_feature]` function below).
-#[inline(always)]
-unsafe fn dot<T: Row>(a: &[f32], b: &[T]) -> f32 {
-    let n = a.len().min(b.len()) / 8 * 8;
-    let (a, b) = (&a[..n], &b[..n]);
-    let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    let [mut s0, mut s1, mut s2, mut s3] = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // Loads at `i..i + 32` (then `i..i + 8`) stay inside the first `n` elements of both slices.
-    while i + 32 <= n {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), T::load8(bp.add(i)), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i + 8)), T::load8(bp.add(i + 8)), s1);
-        s2 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(ap.add(i + 16)),
-            T::load8(bp.add(i + 16)),
-            s2,
-        );
-        s3 = _mm256_fmadd_ps(
-            _mm256_loadu_ps(ap.add(i + 24)),
-            T::load8(bp.add(i + 24)),
-            s3,
-        );
-        i += 32;
-    }
-    let mut rest = [s0, s1, s2, s3];
-    let mut k = 0;
-    while i < n {
-        rest[k] = _mm256_fmadd_ps(_mm256_loadu_ps(ap.add(i)), T::load8(bp.add(i)), rest[k]);
-        i += 8;
-        k += 1;
-    }
-    hsum_ps(_mm256_add_ps(
-        _mm256_add_ps(rest[0], rest[2]),
-        _mm256_add_ps(rest[1], rest[3]),
-    ))
-}
-
-/// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`: 64 elements of `y` at a time
-/// stay in 8 registers while every row is applied to them, in row order, by one FMA each (so the sums
-/// are bit-identical to a pass over `y` per row, which cost a load and a store of `y` per row).
-///
-/// # Safety
-/// As [`dot`]; `y.len()` must be a multiple of 8.
-#[inline(always)]
-unsafe fn axpy_rows<T: Row>(y: &mut [f32], w: &[f32], v: &[T], stride: usize) {
-    let hd = y.len();
-    if w.is_empty() {
-        return;
-    }
-    assert!(
-        hd.is_multiple_of(8) && v.len() >= (w.len() - 1) * stride + hd,
-        "axpy_rows: rows outside v"
-    );
-    let (yp, vp) = (y.as_mut_ptr(), v.as_ptr());
-    // Every access below is at `c + 8k..+8` < hd of `y`, or of row i < w.len() of `v` (checked above).
-    let mut c = 0;
-    while c + 64 <= hd {
-        let mut acc = [_mm256_setzero_ps(); 8];
-        for (k, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(yp.add(c + 8 * k));
-        }
-        for (i, &wi) in w.iter().enumerate() {
-            let a = _mm256_set1_ps(wi);
-            let row = vp.add(i * stride + c);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(a, T::load8(row.add(8 * k)), *acc);
-            }
-        }
-        for (k, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(yp.add(c + 8 * k), *a);
-        }
-        c += 64;
-    }
-    while c < hd {
-        let mut acc = _mm256_loadu_ps(yp.add(c));
-        for (i, &wi) in w.iter().enumerate() {
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(wi), T::load8(vp.add(i * stride + c)), acc);
-        }
-        _mm256_storeu_ps(yp.add(c), acc);
-        c += 8;
-    }
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<T: Row>(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f32, out: &mut [f32]) {
-    attend::body(
-        q,
-        kv,
+unsafe fn run<T: Row>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    attend::body_grouped(
+        qs,
         n_ctx,
+        kv,
         scale,
         out,
-        // SAFETY: this closure is compiled with this function's features (AVX2, FMA, F16C), which the
-        // caller guarantees; `dot` only loads inside 8-element chunks.
-        |a, b| unsafe { dot(a, b) },
-        // SAFETY: as above; `axpy_rows` checks that its rows are inside `v`, and the head length is a
-        // multiple of 8 (`entry`).
-        |y, w, v, stride| unsafe { axpy_rows(y, w, v, stride) },
+        // SAFETY (all three): compiled with this function's features (AVX2, FMA, F16C), which the
+        // caller guarantees; each checks that the rows it reads are inside its slices.
+        |q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
+        |s, max| unsafe { weights(s, max) },
+        |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
     )
+}
+
+/// Raw scores of a group of `s.len()` (1 to 4) queries against key rows `0..r`: every (query, row)
+/// pair gets one 8-lane accumulator over the head, chunk after chunk, and [`hsum_ps`], whatever the
+/// group size. Queries × rows per register tile: 4 × 2, 2 × 4, 1 × 4 (8 accumulators), then rows one
+/// at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[inline(always)]
+unsafe fn scores<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
+    match s.len() {
+        4 => scores_n::<T, 4, 2>(qs, k, stride, s, r),
+        3 => scores_n::<T, 3, 2>(qs, k, stride, s, r),
+        2 => scores_n::<T, 2, 4>(qs, k, stride, s, r),
+        _ => scores_n::<T, 1, 4>(qs, k, stride, s, r),
+    }
+}
+
+#[inline(always)]
+unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
+    qs: &[f32],
+    k: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
+    let hd = qs.len() / G;
+    assert!(
+        s.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        "scores: shapes"
+    );
+    assert!(k.len() >= (r - 1) * stride + hd, "scores: rows outside k");
+    let (qp, kp) = (qs.as_ptr(), k.as_ptr());
+    // Every load is at `c..c + 8` < hd of query `j < G` or of key row `< r` (checked above).
+    let mut i = 0;
+    while i + R <= r {
+        let mut acc = [[_mm256_setzero_ps(); R]; G];
+        let mut c = 0;
+        while c < hd {
+            let mut kr = [_mm256_setzero_ps(); R];
+            for (t, kr) in kr.iter_mut().enumerate() {
+                *kr = T::load8(kp.add((i + t) * stride + c));
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let q = _mm256_loadu_ps(qp.add(j * hd + c));
+                for (a, &kr) in acc.iter_mut().zip(&kr) {
+                    *a = _mm256_fmadd_ps(q, kr, *a);
+                }
+            }
+            c += 8;
+        }
+        for (s, acc) in s.iter_mut().zip(&acc) {
+            for (t, &a) in acc.iter().enumerate() {
+                s[i + t] = hsum_ps(a);
+            }
+        }
+        i += R;
+    }
+    while i < r {
+        let mut acc = [_mm256_setzero_ps(); G];
+        let mut c = 0;
+        while c < hd {
+            let kr = T::load8(kp.add(i * stride + c));
+            for (j, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * hd + c)), kr, *a);
+            }
+            c += 8;
+        }
+        for (s, &a) in s.iter_mut().zip(&acc) {
+            s[i] = hsum_ps(a);
+        }
+        i += 1;
+    }
+}
+
+/// `s ← e^{s − max}` (the vector `exp`, also for the tail through a padded chunk); returns the sum of
+/// the new values: 8 lanes, then [`hsum_ps`], then the tail in order.
+///
+/// # Safety
+/// AVX2 and FMA must be available.
+#[inline(always)]
+pub(super) unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
+    let m = _mm256_set1_ps(max);
+    let mut acc = _mm256_setzero_ps();
+    let mut chunks = s.chunks_exact_mut(8);
+    for c in &mut chunks {
+        // `c` holds exactly 8 values.
+        let e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(c.as_ptr()), m));
+        _mm256_storeu_ps(c.as_mut_ptr(), e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    let tail = chunks.into_remainder();
+    let mut sum = hsum_ps(acc);
+    if !tail.is_empty() {
+        let mut pad = [max; 8];
+        pad[..tail.len()].copy_from_slice(tail);
+        // `pad` holds 8 values.
+        let e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(pad.as_ptr()), m));
+        _mm256_storeu_ps(pad.as_mut_ptr(), e);
+        for (t, &e) in tail.iter_mut().zip(&pad) {
+            *t = e;
+            sum += e;
+        }
+    }
+    sum
+}
+
+/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 4) queries whose outputs are
+/// consecutive in `out`: 16 elements of every output at a time stay in registers while each value row is
+/// loaded once for the group; every element takes one FMA per row, in row order (the same operations
+/// whatever the group size).
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available.
+#[inline(always)]
+unsafe fn values<T: Row>(out: &mut [f32], w: &[[f32; BLOCK]], v: &[T], stride: usize, r: usize) {
+    match w.len() {
+        4 => values_n::<T, 4>(out, w, v, stride, r),
+        3 => values_n::<T, 3>(out, w, v, stride, r),
+        2 => values_n::<T, 2>(out, w, v, stride, r),
+        _ => values_n::<T, 1>(out, w, v, stride, r),
+    }
+}
+
+#[inline(always)]
+unsafe fn values_n<T: Row, const G: usize>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
+    v: &[T],
+    stride: usize,
+    r: usize,
+) {
+    let hd = out.len() / G;
+    assert!(
+        w.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        "values: shapes"
+    );
+    assert!(v.len() >= (r - 1) * stride + hd, "values: rows outside v");
+    let (op, vp) = (out.as_mut_ptr(), v.as_ptr());
+    // Every access is at `c..c + 16` (or `c..c + 8`) < hd of output `j < G` or of value row `< r`.
+    let mut c = 0;
+    while c + 16 <= hd {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for (j, a) in acc.iter_mut().enumerate() {
+            a[0] = _mm256_loadu_ps(op.add(j * hd + c));
+            a[1] = _mm256_loadu_ps(op.add(j * hd + c + 8));
+        }
+        for i in 0..r {
+            let row = vp.add(i * stride + c);
+            let (v0, v1) = (T::load8(row), T::load8(row.add(8)));
+            for (a, w) in acc.iter_mut().zip(w) {
+                let wi = _mm256_set1_ps(w[i]);
+                a[0] = _mm256_fmadd_ps(wi, v0, a[0]);
+                a[1] = _mm256_fmadd_ps(wi, v1, a[1]);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(j * hd + c), a[0]);
+            _mm256_storeu_ps(op.add(j * hd + c + 8), a[1]);
+        }
+        c += 16;
+    }
+    if c < hd {
+        let mut acc = [_mm256_setzero_ps(); G];
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm256_loadu_ps(op.add(j * hd + c));
+        }
+        for i in 0..r {
+            let v0 = T::load8(vp.add(i * stride + c));
+            for (a, w) in acc.iter_mut().zip(w) {
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), v0, *a);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            _mm256_storeu_ps(op.add(j * hd + c), *a);
+        }
+    }
 }
 
 /// The table entry: checks the shapes, then runs the SIMD body (or the reference for odd head sizes).
@@ -150,30 +247,7 @@ pub(crate) fn entry<T: Row + attend::KvElem>(
     // SAFETY: the tables holding this entry are only handed out after `avx2::detected()` confirmed
     // AVX2, FMA and F16C; the head length is a multiple of 8 and every row is inside its page
     // (`check` above; the kernel indexes through checked slices anyway).
-    unsafe { run(q, kv, n_ctx, scale, out) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run_many<T: Row>(
-    qs: &[f32],
-    n_ctx: &[usize],
-    kv: KvPages<'_, T>,
-    scale: f32,
-    out: &mut [f32],
-    hd: usize,
-) {
-    attend::body_many(
-        qs,
-        n_ctx,
-        kv,
-        scale,
-        out,
-        hd,
-        // SAFETY: as in `run`.
-        |_, a, b| unsafe { dot(a, b) },
-        // SAFETY: as in `run`.
-        |y, w, v, stride| unsafe { axpy_rows(y, w, v, stride) },
-    )
+    unsafe { run(q, &[n_ctx], kv, scale, out) }
 }
 
 /// The several-query table entry ([`attend::attend_many`]), as [`entry`].
@@ -189,5 +263,5 @@ pub(crate) fn entry_many<T: Row + attend::KvElem>(
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
     }
     // SAFETY: as in `entry`: the tables holding this entry exist only on CPUs with AVX2, FMA and F16C.
-    unsafe { run_many(qs, n_ctx, kv, scale, out, hd) }
+    unsafe { run(qs, n_ctx, kv, scale, out) }
 }

@@ -17,6 +17,7 @@ use core::arch::x86_64::*;
 use super::FEW_TOKENS;
 
 mod attend;
+mod attend512;
 pub mod avx2;
 pub mod avx512;
 mod float;
