@@ -24,6 +24,7 @@ const AQS: usize = 4;
 
 /// One weight block, unpacked: per chunk the grid magnitudes, the sign multipliers (±1 bytes) and the
 /// i16 scale broadcast.
+#[derive(Clone, Copy)]
 pub(super) struct Unpacked {
     pub(super) g: [__m256i; 8],
     pub(super) s: [__m256i; 8],
@@ -144,11 +145,19 @@ unsafe fn iq3_tile<S: Simd, K: Iq3, const R: usize, const T: usize>(
             pf.upto((b + 1) * K::WB);
         }
         let mut dx = [0f32; R];
-        let u: [Unpacked; R] = core::array::from_fn(|r| {
+        // A loop, not `array::from_fn`: a closure's body is compiled without this function's target
+        // features, so every intrinsic in `unpack` would become a call (the IQ3_S decode ran at a
+        // fraction of its speed that way).
+        let mut u = [Unpacked {
+            g: [zero; 8],
+            s: [zero; 8],
+            sc: [zero; 8],
+        }; R];
+        for (r, u) in u.iter_mut().enumerate() {
             let p = w[r].add(b * K::WB);
             dx[r] = f16_at(p);
-            K::unpack(p)
-        });
+            *u = K::unpack(p);
+        }
         let mut isum = [[zero; T]; R];
         let mut dy = [0f32; T];
         for t in 0..T {
