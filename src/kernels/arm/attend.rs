@@ -1,13 +1,15 @@
-//! Attention over the KV cache (the streaming softmax of `kernels::attend`) with NEON: four-lane FMA dot
-//! products and updates; f16 rows are widened with the base ARMv8 `fcvtl`/`fcvtl2` (exact), as the F16
-//! weight kernels do. Both NEON tables share these entries (no dotprod needed).
+//! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`) with NEON: up to
+//! four queries served by each load of a key or value row, four-lane FMAs, weights by the vector `exp`;
+//! f16 rows are widened with the base ARMv8 `fcvtl`/`fcvtl2` (exact), as the F16 weight kernels do. Both
+//! NEON tables share these entries (no dotprod needed).
 
 use core::arch::aarch64::*;
 
 use half::f16;
 
 use super::float::{self, Elem};
-use crate::kernels::attend::{self, KvElem, KvPages};
+use super::ops::exp_q;
+use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
 
 /// A KV element type and its loader of 8 consecutive elements as two f32x4.
 pub(super) trait Row: KvElem {
@@ -22,49 +24,188 @@ impl Row for f16 {
     type E = float::F16;
 }
 
-/// `a · b` over the first multiple of 8 elements, four accumulators (chunk `i` of 8 into accumulators
-/// `2·(i % 2)` and `2·(i % 2) + 1`), 16 elements per step so the accumulators stay in registers (indexed by
-/// `i % 2` in a rolled loop they lived on the stack).
+/// Raw scores of a group of 1 to 4 queries against key rows `0..r` ([`attend::body_grouped`]): each
+/// (query, row) pair gets two 4-lane accumulators (the halves of each 8-element chunk) over the head,
+/// then their sum across lanes, whatever the group size. Tiles of 4 × 2, 3 × 2, 2 × 4 and 1 × 4 pairs
+/// (16 accumulators at most), then rows one at a time.
 ///
 /// # Safety
-/// NEON only (the aarch64 baseline); the loads stay inside the first `n` elements of both slices.
+/// NEON only (the aarch64 baseline); the loads are checked to stay inside the slices.
 #[inline(always)]
-unsafe fn dot<T: Row>(a: &[f32], b: &[T]) -> f32 {
-    let n = a.len().min(b.len()) / 8 * 8;
-    let (a, b) = (&a[..n], &b[..n]);
-    let (ap, bp) = (a.as_ptr(), b.as_ptr());
-    let z = vdupq_n_f32(0.0);
-    let [mut s0, mut s1, mut s2, mut s3] = [z; 4];
-    let mut i = 0;
-    while i + 16 <= n {
-        let (b0, b1) = T::E::load8(bp.add(i) as *const u8);
-        s0 = vfmaq_f32(s0, vld1q_f32(ap.add(i)), b0);
-        s1 = vfmaq_f32(s1, vld1q_f32(ap.add(i + 4)), b1);
-        let (b2, b3) = T::E::load8(bp.add(i + 8) as *const u8);
-        s2 = vfmaq_f32(s2, vld1q_f32(ap.add(i + 8)), b2);
-        s3 = vfmaq_f32(s3, vld1q_f32(ap.add(i + 12)), b3);
-        i += 16;
+unsafe fn scores<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
+    match s.len() {
+        4 => scores_n::<T, 4, 2>(qs, k, stride, s, r),
+        3 => scores_n::<T, 3, 2>(qs, k, stride, s, r),
+        2 => scores_n::<T, 2, 4>(qs, k, stride, s, r),
+        _ => scores_n::<T, 1, 4>(qs, k, stride, s, r),
     }
-    if i < n {
-        let (b0, b1) = T::E::load8(bp.add(i) as *const u8);
-        s0 = vfmaq_f32(s0, vld1q_f32(ap.add(i)), b0);
-        s1 = vfmaq_f32(s1, vld1q_f32(ap.add(i + 4)), b1);
-    }
-    vaddvq_f32(vaddq_f32(vaddq_f32(s0, s2), vaddq_f32(s1, s3)))
 }
 
-/// `y ← y + a·x` over the first multiple of 8 elements.
+#[inline(always)]
+unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
+    qs: &[f32],
+    k: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
+    let hd = qs.len() / G;
+    assert!(
+        s.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        "scores: shapes"
+    );
+    assert!(k.len() >= (r - 1) * stride + hd, "scores: rows outside k");
+    let (qp, kp) = (qs.as_ptr(), k.as_ptr());
+    let z = vdupq_n_f32(0.0);
+    // Every load is at `c..c + 8` < hd of query `j < G` or of key row `< r` (checked above).
+    let mut i = 0;
+    while i + R <= r {
+        let mut acc = [[[z; 2]; R]; G];
+        let mut c = 0;
+        while c < hd {
+            let mut kr = [[z; 2]; R];
+            for (t, kr) in kr.iter_mut().enumerate() {
+                let (k0, k1) = T::E::load8(kp.add((i + t) * stride + c) as *const u8);
+                *kr = [k0, k1];
+            }
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let (q0, q1) = (
+                    vld1q_f32(qp.add(j * hd + c)),
+                    vld1q_f32(qp.add(j * hd + c + 4)),
+                );
+                for (a, kr) in acc.iter_mut().zip(&kr) {
+                    a[0] = vfmaq_f32(a[0], q0, kr[0]);
+                    a[1] = vfmaq_f32(a[1], q1, kr[1]);
+                }
+            }
+            c += 8;
+        }
+        for (s, acc) in s.iter_mut().zip(&acc) {
+            for (t, a) in acc.iter().enumerate() {
+                s[i + t] = vaddvq_f32(vaddq_f32(a[0], a[1]));
+            }
+        }
+        i += R;
+    }
+    while i < r {
+        let mut acc = [[z; 2]; G];
+        let mut c = 0;
+        while c < hd {
+            let (k0, k1) = T::E::load8(kp.add(i * stride + c) as *const u8);
+            for (j, a) in acc.iter_mut().enumerate() {
+                a[0] = vfmaq_f32(a[0], vld1q_f32(qp.add(j * hd + c)), k0);
+                a[1] = vfmaq_f32(a[1], vld1q_f32(qp.add(j * hd + c + 4)), k1);
+            }
+            c += 8;
+        }
+        for (s, a) in s.iter_mut().zip(&acc) {
+            s[i] = vaddvq_f32(vaddq_f32(a[0], a[1]));
+        }
+        i += 1;
+    }
+}
+
+/// `s ← e^{s − max}` by the vector `exp` (the tail through a padded chunk); returns their sum: 4 lanes,
+/// then across lanes, then the tail in order.
 ///
 /// # Safety
-/// As [`dot`].
+/// NEON only.
 #[inline(always)]
-unsafe fn axpy<T: Row>(y: &mut [f32], a: f32, x: &[T]) {
-    for (y, x) in y.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
-        let (x0, x1) = T::E::load8(x.as_ptr() as *const u8);
-        let p = y.as_mut_ptr();
-        vst1q_f32(p, vfmaq_n_f32(vld1q_f32(p), x0, a));
-        vst1q_f32(p.add(4), vfmaq_n_f32(vld1q_f32(p.add(4)), x1, a));
+unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
+    let m = vdupq_n_f32(max);
+    let mut acc = vdupq_n_f32(0.0);
+    let mut chunks = s.chunks_exact_mut(4);
+    for c in &mut chunks {
+        // `c` holds exactly 4 values.
+        let e = exp_q(vsubq_f32(vld1q_f32(c.as_ptr()), m));
+        vst1q_f32(c.as_mut_ptr(), e);
+        acc = vaddq_f32(acc, e);
     }
+    let tail = chunks.into_remainder();
+    let mut sum = vaddvq_f32(acc);
+    if !tail.is_empty() {
+        let mut pad = [max; 4];
+        pad[..tail.len()].copy_from_slice(tail);
+        // `pad` holds 4 values.
+        let e = exp_q(vsubq_f32(vld1q_f32(pad.as_ptr()), m));
+        vst1q_f32(pad.as_mut_ptr(), e);
+        for (t, &e) in tail.iter_mut().zip(&pad) {
+            *t = e;
+            sum += e;
+        }
+    }
+    sum
+}
+
+/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of 1 to 4 queries (outputs consecutive in `out`):
+/// 8 elements of every output in registers while each value row is loaded once for the group; one FMA
+/// per element and row, in row order.
+///
+/// # Safety
+/// NEON only; the accesses are checked to stay inside the slices.
+#[inline(always)]
+unsafe fn values<T: Row>(out: &mut [f32], w: &[[f32; BLOCK]], v: &[T], stride: usize, r: usize) {
+    match w.len() {
+        4 => values_n::<T, 4>(out, w, v, stride, r),
+        3 => values_n::<T, 3>(out, w, v, stride, r),
+        2 => values_n::<T, 2>(out, w, v, stride, r),
+        _ => values_n::<T, 1>(out, w, v, stride, r),
+    }
+}
+
+#[inline(always)]
+unsafe fn values_n<T: Row, const G: usize>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
+    v: &[T],
+    stride: usize,
+    r: usize,
+) {
+    let hd = out.len() / G;
+    assert!(
+        w.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        "values: shapes"
+    );
+    assert!(v.len() >= (r - 1) * stride + hd, "values: rows outside v");
+    let (op, vp) = (out.as_mut_ptr(), v.as_ptr());
+    // Every access is at `c..c + 8` < hd of output `j < G` or of value row `< r`.
+    for c in (0..hd).step_by(8) {
+        let mut acc = [[vdupq_n_f32(0.0); 2]; G];
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = [
+                vld1q_f32(op.add(j * hd + c)),
+                vld1q_f32(op.add(j * hd + c + 4)),
+            ];
+        }
+        for i in 0..r {
+            let (v0, v1) = T::E::load8(vp.add(i * stride + c) as *const u8);
+            for (a, w) in acc.iter_mut().zip(w) {
+                a[0] = vfmaq_n_f32(a[0], v0, w[i]);
+                a[1] = vfmaq_n_f32(a[1], v1, w[i]);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            vst1q_f32(op.add(j * hd + c), a[0]);
+            vst1q_f32(op.add(j * hd + c + 4), a[1]);
+        }
+    }
+}
+
+/// The grouped body with this file's tiles.
+#[inline(always)]
+fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: &mut [f32]) {
+    attend::body_grouped(
+        qs,
+        n_ctx,
+        kv,
+        scale,
+        out,
+        // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
+        // are inside its slices.
+        |q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
+        |s, max| unsafe { weights(s, max) },
+        |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
+    )
 }
 
 /// The table entry: checks the shapes, then runs the NEON body (or the reference for odd head sizes).
@@ -80,20 +221,7 @@ pub(super) fn entry<T: Row>(
         // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
         return attend::attend_ref(q, kv, n_ctx, scale, out);
     }
-    attend::body(
-        q,
-        kv,
-        n_ctx,
-        scale,
-        out,
-        // SAFETY: NEON is part of the aarch64 baseline; `dot` and `axpy` only load and store inside
-        // 8-element chunks of the slices they are given.
-        |a, b| unsafe { dot(a, b) },
-        |y, w, v, stride| {
-            // SAFETY: as above.
-            attend::each_row(y, w, v, stride, |y, w, x| unsafe { axpy(y, w, x) })
-        },
-    )
+    run(q, &[n_ctx], kv, scale, out)
 }
 
 /// The several-query table entry ([`attend::attend_many`]), as [`entry`].
@@ -108,18 +236,5 @@ pub(super) fn entry_many<T: Row>(
     if !hd.is_multiple_of(8) {
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
     }
-    attend::body_many(
-        qs,
-        n_ctx,
-        kv,
-        scale,
-        out,
-        hd,
-        // SAFETY: as in `entry`.
-        |_, a, b| unsafe { dot(a, b) },
-        |y, w, v, stride| {
-            // SAFETY: as in `entry`.
-            attend::each_row(y, w, v, stride, |y, w, x| unsafe { axpy(y, w, x) })
-        },
-    )
+    run(qs, n_ctx, kv, scale, out)
 }
