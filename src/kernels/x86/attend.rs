@@ -1,6 +1,7 @@
-//! Attention over the KV cache (the streaming softmax of `kernels::attend`) with 8-lane FMA dot products
-//! and updates; f16 rows are widened with F16C's `vcvtph2ps` (exact). The AVX2 and AVX-512 tables
-//! share these entries.
+//! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`): up to four queries
+//! served by each load of a key or value row, FMA register tiles, weights by the vector `exp`; f16 rows
+//! widened by F16C's `vcvtph2ps` (exact). One body for two widths: 8 lanes (`__m256`, the AVX2 table)
+//! and 16 lanes (`__m512`, the AVX-512 table, whose 32 registers hold 4 × 4 score tiles).
 
 use core::arch::x86_64::*;
 
@@ -8,130 +9,244 @@ use half::f16;
 
 use super::hsum_ps;
 use super::ops::exp_ps;
-use crate::kernels::attend::{self, KvPages, BLOCK};
+use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
 
-/// A KV element type: 8 consecutive elements as 8 f32 lanes.
-pub(crate) trait Row: Copy {
-    unsafe fn load8(p: *const Self) -> __m256;
+/// An f32 vector of `LANES` lanes, with the operations the tiles use.
+pub(crate) trait Vf: Copy {
+    const LANES: usize;
+    /// Queries × rows per score tile for 4, 3, 2 and 1 queries (at most 8 accumulators with 16
+    /// registers, 16 with 32).
+    const SCORE_ROWS: [usize; 4];
+    unsafe fn zero() -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(p: *mut f32, v: Self);
+    unsafe fn splat(x: f32) -> Self;
+    /// `a·b + c`, one rounding.
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    /// The sum of the lanes, halves added down to one lane (a fixed order).
+    unsafe fn hsum(self) -> f32;
 }
 
-impl Row for f32 {
+impl Vf for __m256 {
+    const LANES: usize = 8;
+    const SCORE_ROWS: [usize; 4] = [2, 2, 4, 4];
     #[inline(always)]
-    unsafe fn load8(p: *const f32) -> __m256 {
+    unsafe fn zero() -> Self {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        hsum_ps(self)
+    }
+}
+
+impl Vf for __m512 {
+    const LANES: usize = 16;
+    const SCORE_ROWS: [usize; 4] = [4, 4, 8, 8];
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: Self) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self)));
+        hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(self), hi))
+    }
+}
+
+/// A KV element type, loaded `V::LANES` consecutive elements at a time as f32 lanes.
+pub(crate) trait Row<V: Vf>: KvElem {
+    unsafe fn load(p: *const Self) -> V;
+}
+
+impl Row<__m256> for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
         _mm256_loadu_ps(p)
     }
 }
 
-impl Row for f16 {
+impl Row<__m256> for f16 {
     #[inline(always)]
-    unsafe fn load8(p: *const f16) -> __m256 {
+    unsafe fn load(p: *const f16) -> __m256 {
         _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn run<T: Row>(
-    qs: &[f32],
-    n_ctx: &[usize],
-    kv: KvPages<'_, T>,
-    scale: f32,
-    out: &mut [f32],
-) {
-    attend::body_grouped(
-        qs,
-        n_ctx,
-        kv,
-        scale,
-        out,
-        // SAFETY (all three): compiled with this function's features (AVX2, FMA, F16C), which the
-        // caller guarantees; each checks that the rows it reads are inside its slices.
-        |q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
-        |s, max| unsafe { weights(s, max) },
-        |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
-    )
-}
-
-/// Raw scores of a group of `s.len()` (1 to 4) queries against key rows `0..r`: every (query, row)
-/// pair gets one 8-lane accumulator over the head, chunk after chunk, and [`hsum_ps`], whatever the
-/// group size. Queries × rows per register tile: 4 × 2, 2 × 4, 1 × 4 (8 accumulators), then rows one
-/// at a time.
-///
-/// # Safety
-/// AVX2, FMA and F16C must be available.
-#[inline(always)]
-unsafe fn scores<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
-    match s.len() {
-        4 => scores_n::<T, 4, 2>(qs, k, stride, s, r),
-        3 => scores_n::<T, 3, 2>(qs, k, stride, s, r),
-        2 => scores_n::<T, 2, 4>(qs, k, stride, s, r),
-        _ => scores_n::<T, 1, 4>(qs, k, stride, s, r),
+impl Row<__m512> for f32 {
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
     }
 }
 
+impl Row<__m512> for f16 {
+    #[inline(always)]
+    unsafe fn load(p: *const f16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+/// `$name`: the grouped body with tiles of `$v`, compiled with `$features`. A macro rather than a
+/// generic function under two `#[target_feature]` wrappers: closures get the target features of the
+/// function they are written in, and in a plain generic body every intrinsic became a call (pp512 at
+/// depth ran 10 times slower).
+macro_rules! grouped_body {
+    ($name:ident, $v:ty, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<T: Row<$v>>(
+            qs: &[f32],
+            n_ctx: &[usize],
+            kv: KvPages<'_, T>,
+            scale: f32,
+            out: &mut [f32],
+        ) {
+            attend::body_grouped(
+                qs,
+                n_ctx,
+                kv,
+                scale,
+                out,
+                // SAFETY (all three): compiled with this function's features, which the caller
+                // guarantees; each checks that the rows it reads are inside its slices.
+                |q, k, stride, s, r| unsafe { scores::<$v, T>(q, k, stride, s, r) },
+                |s, max| unsafe { weights(s, max) },
+                |o, w, v, stride, r| unsafe { values::<$v, T>(o, w, v, stride, r) },
+            )
+        }
+    };
+}
+
+grouped_body!(run_avx2, __m256, "avx2,fma,f16c");
+grouped_body!(
+    run_avx512,
+    __m512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
+);
+
+/// Raw scores of a group of `s.len()` (1 to 4) queries against key rows `0..r`: every (query, row) pair
+/// gets one accumulator over the head, chunk after chunk, and [`Vf::hsum`], whatever the group size.
+/// Tiles of `V::SCORE_ROWS` rows, then rows one at a time.
+///
+/// # Safety
+/// The CPU must have what `V` needs (inlined into a [`grouped_body!`] function); the head length a
+/// multiple of `V::LANES`.
 #[inline(always)]
-unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
+unsafe fn scores<V: Vf, T: Row<V>>(
     qs: &[f32],
     k: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
 ) {
-    let hd = qs.len() / G;
+    match (s.len(), V::SCORE_ROWS[4 - s.len().clamp(1, 4)]) {
+        (4, 4) => scores_n::<V, T, 4, 4>(qs, k, stride, s, r),
+        (4, _) => scores_n::<V, T, 4, 2>(qs, k, stride, s, r),
+        (3, 4) => scores_n::<V, T, 3, 4>(qs, k, stride, s, r),
+        (3, _) => scores_n::<V, T, 3, 2>(qs, k, stride, s, r),
+        (2, 8) => scores_n::<V, T, 2, 8>(qs, k, stride, s, r),
+        (2, _) => scores_n::<V, T, 2, 4>(qs, k, stride, s, r),
+        (_, 8) => scores_n::<V, T, 1, 8>(qs, k, stride, s, r),
+        _ => scores_n::<V, T, 1, 4>(qs, k, stride, s, r),
+    }
+}
+
+#[inline(always)]
+unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
+    qs: &[f32],
+    k: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
+    let (hd, l) = (qs.len() / G, V::LANES);
     assert!(
-        s.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        s.len() == G && r <= BLOCK && hd.is_multiple_of(l) && r > 0,
         "scores: shapes"
     );
     assert!(k.len() >= (r - 1) * stride + hd, "scores: rows outside k");
     let (qp, kp) = (qs.as_ptr(), k.as_ptr());
-    // Every load is at `c..c + 8` < hd of query `j < G` or of key row `< r` (checked above).
+    // Every load is at `c..c + l` < hd of query `j < G` or of key row `< r` (checked above).
     let mut i = 0;
     while i + R <= r {
-        let mut acc = [[_mm256_setzero_ps(); R]; G];
+        let mut acc = [[V::zero(); R]; G];
         let mut c = 0;
         while c < hd {
-            let mut kr = [_mm256_setzero_ps(); R];
+            let mut kr = [V::zero(); R];
             for (t, kr) in kr.iter_mut().enumerate() {
-                *kr = T::load8(kp.add((i + t) * stride + c));
+                *kr = T::load(kp.add((i + t) * stride + c));
             }
             for (j, acc) in acc.iter_mut().enumerate() {
-                let q = _mm256_loadu_ps(qp.add(j * hd + c));
+                let q = V::load(qp.add(j * hd + c));
                 for (a, &kr) in acc.iter_mut().zip(&kr) {
-                    *a = _mm256_fmadd_ps(q, kr, *a);
+                    *a = V::fmadd(q, kr, *a);
                 }
             }
-            c += 8;
+            c += l;
         }
         for (s, acc) in s.iter_mut().zip(&acc) {
             for (t, &a) in acc.iter().enumerate() {
-                s[i + t] = hsum_ps(a);
+                s[i + t] = a.hsum();
             }
         }
         i += R;
     }
     while i < r {
-        let mut acc = [_mm256_setzero_ps(); G];
+        let mut acc = [V::zero(); G];
         let mut c = 0;
         while c < hd {
-            let kr = T::load8(kp.add(i * stride + c));
+            let kr = T::load(kp.add(i * stride + c));
             for (j, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_loadu_ps(qp.add(j * hd + c)), kr, *a);
+                *a = V::fmadd(V::load(qp.add(j * hd + c)), kr, *a);
             }
-            c += 8;
+            c += l;
         }
         for (s, &a) in s.iter_mut().zip(&acc) {
-            s[i] = hsum_ps(a);
+            s[i] = a.hsum();
         }
         i += 1;
     }
 }
 
-/// `s ← e^{s − max}` (the vector `exp`, also for the tail through a padded chunk); returns the sum of
-/// the new values: 8 lanes, then [`hsum_ps`], then the tail in order.
+/// `s ← e^{s − max}` (the 8-lane vector `exp` for both widths, the tail through a padded chunk); returns
+/// the sum of the new values: 8 lanes, then [`hsum_ps`], then the tail in order.
 ///
 /// # Safety
 /// AVX2 and FMA must be available.
 #[inline(always)]
-pub(super) unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
+unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
     let m = _mm256_set1_ps(max);
     let mut acc = _mm256_setzero_ps();
     let mut chunks = s.chunks_exact_mut(8);
@@ -158,100 +273,88 @@ pub(super) unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
 }
 
 /// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 4) queries whose outputs are
-/// consecutive in `out`: 16 elements of every output at a time stay in registers while each value row is
+/// consecutive in `out`: two vectors of every output at a time stay in registers while each value row is
 /// loaded once for the group; every element takes one FMA per row, in row order (the same operations
 /// whatever the group size).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be available.
+/// The CPU must have what `V` needs (inlined into a [`grouped_body!`] function); the head length a
+/// multiple of `V::LANES`.
 #[inline(always)]
-unsafe fn values<T: Row>(out: &mut [f32], w: &[[f32; BLOCK]], v: &[T], stride: usize, r: usize) {
-    match w.len() {
-        4 => values_n::<T, 4>(out, w, v, stride, r),
-        3 => values_n::<T, 3>(out, w, v, stride, r),
-        2 => values_n::<T, 2>(out, w, v, stride, r),
-        _ => values_n::<T, 1>(out, w, v, stride, r),
-    }
-}
-
-#[inline(always)]
-unsafe fn values_n<T: Row, const G: usize>(
+unsafe fn values<V: Vf, T: Row<V>>(
     out: &mut [f32],
     w: &[[f32; BLOCK]],
     v: &[T],
     stride: usize,
     r: usize,
 ) {
-    let hd = out.len() / G;
+    match w.len() {
+        4 => values_n::<V, T, 4>(out, w, v, stride, r),
+        3 => values_n::<V, T, 3>(out, w, v, stride, r),
+        2 => values_n::<V, T, 2>(out, w, v, stride, r),
+        _ => values_n::<V, T, 1>(out, w, v, stride, r),
+    }
+}
+
+#[inline(always)]
+unsafe fn values_n<V: Vf, T: Row<V>, const G: usize>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
+    v: &[T],
+    stride: usize,
+    r: usize,
+) {
+    let (hd, l) = (out.len() / G, V::LANES);
     assert!(
-        w.len() == G && r <= BLOCK && hd.is_multiple_of(8) && r > 0,
+        w.len() == G && r <= BLOCK && hd.is_multiple_of(l) && r > 0,
         "values: shapes"
     );
     assert!(v.len() >= (r - 1) * stride + hd, "values: rows outside v");
     let (op, vp) = (out.as_mut_ptr(), v.as_ptr());
-    // Every access is at `c..c + 16` (or `c..c + 8`) < hd of output `j < G` or of value row `< r`.
+    // Every access is at `c..c + 2l` (or `c..c + l`) < hd of output `j < G` or of value row `< r`.
     let mut c = 0;
-    while c + 16 <= hd {
-        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+    while c < hd {
+        let n = if c + 2 * l <= hd { 2 } else { 1 };
+        let mut acc = [[V::zero(); 2]; G];
         for (j, a) in acc.iter_mut().enumerate() {
-            a[0] = _mm256_loadu_ps(op.add(j * hd + c));
-            a[1] = _mm256_loadu_ps(op.add(j * hd + c + 8));
+            for (h, a) in a[..n].iter_mut().enumerate() {
+                *a = V::load(op.add(j * hd + c + h * l));
+            }
         }
         for i in 0..r {
             let row = vp.add(i * stride + c);
-            let (v0, v1) = (T::load8(row), T::load8(row.add(8)));
+            let v0 = T::load(row);
+            let v1 = if n == 2 { T::load(row.add(l)) } else { v0 };
             for (a, w) in acc.iter_mut().zip(w) {
-                let wi = _mm256_set1_ps(w[i]);
-                a[0] = _mm256_fmadd_ps(wi, v0, a[0]);
-                a[1] = _mm256_fmadd_ps(wi, v1, a[1]);
+                let wi = V::splat(w[i]);
+                a[0] = V::fmadd(wi, v0, a[0]);
+                a[1] = V::fmadd(wi, v1, a[1]);
             }
         }
         for (j, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(op.add(j * hd + c), a[0]);
-            _mm256_storeu_ps(op.add(j * hd + c + 8), a[1]);
-        }
-        c += 16;
-    }
-    if c < hd {
-        let mut acc = [_mm256_setzero_ps(); G];
-        for (j, a) in acc.iter_mut().enumerate() {
-            *a = _mm256_loadu_ps(op.add(j * hd + c));
-        }
-        for i in 0..r {
-            let v0 = T::load8(vp.add(i * stride + c));
-            for (a, w) in acc.iter_mut().zip(w) {
-                *a = _mm256_fmadd_ps(_mm256_set1_ps(w[i]), v0, *a);
+            for (h, &a) in a[..n].iter().enumerate() {
+                V::store(op.add(j * hd + c + h * l), a);
             }
         }
-        for (j, a) in acc.iter().enumerate() {
-            _mm256_storeu_ps(op.add(j * hd + c), *a);
-        }
+        c += n * l;
     }
 }
 
-/// The table entry: checks the shapes, then runs the SIMD body (or the reference for odd head sizes).
-/// Only reachable through the AVX2 / AVX-512 tables, which are handed out after AVX2, FMA and F16C
-/// were detected.
-pub(crate) fn entry<T: Row + attend::KvElem>(
+/// The AVX2 table's one-query entry ([`attend::attend`]): checks the shapes, then runs the SIMD body
+/// (or the reference for heads that are not a multiple of 8 long). Only reachable through the AVX2
+/// and AVX-512 tables, which are handed out after AVX2, FMA and F16C were detected.
+pub(crate) fn entry<T: Row<__m256>>(
     q: &[f32],
     kv: KvPages<'_, T>,
     n_ctx: usize,
     scale: f32,
     out: &mut [f32],
 ) {
-    attend::check(q, &kv, n_ctx, out);
-    if !q.len().is_multiple_of(8) {
-        // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
-        return attend::attend_ref(q, kv, n_ctx, scale, out);
-    }
-    // SAFETY: the tables holding this entry are only handed out after `avx2::detected()` confirmed
-    // AVX2, FMA and F16C; the head length is a multiple of 8 and every row is inside its page
-    // (`check` above; the kernel indexes through checked slices anyway).
-    unsafe { run(q, &[n_ctx], kv, scale, out) }
+    entry_many(q, &[n_ctx], kv, scale, out)
 }
 
-/// The several-query table entry ([`attend::attend_many`]), as [`entry`].
-pub(crate) fn entry_many<T: Row + attend::KvElem>(
+/// The AVX2 table's several-query entry ([`attend::attend_many`]), as [`entry`].
+pub(crate) fn entry_many<T: Row<__m256>>(
     qs: &[f32],
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
@@ -260,8 +363,40 @@ pub(crate) fn entry_many<T: Row + attend::KvElem>(
 ) {
     let hd = attend::check_many(qs, n_ctx, &kv, out);
     if !hd.is_multiple_of(8) {
+        // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
     }
-    // SAFETY: as in `entry`: the tables holding this entry exist only on CPUs with AVX2, FMA and F16C.
-    unsafe { run(qs, n_ctx, kv, scale, out) }
+    // SAFETY: the tables holding this entry are only handed out after `avx2::detected()` confirmed
+    // AVX2, FMA and F16C; the head length is a multiple of 8 and every row is inside its page
+    // (`check_many`; the tiles check their slices anyway).
+    unsafe { run_avx2(qs, n_ctx, kv, scale, out) }
+}
+
+/// The AVX-512 table's one-query entry: 16-lane tiles (heads that are not a multiple of 16 long take
+/// the AVX2 entry).
+pub(crate) fn entry512<T: Row<__m512> + Row<__m256>>(
+    q: &[f32],
+    kv: KvPages<'_, T>,
+    n_ctx: usize,
+    scale: f32,
+    out: &mut [f32],
+) {
+    entry_many512(q, &[n_ctx], kv, scale, out)
+}
+
+/// The AVX-512 table's several-query entry, as [`entry512`].
+pub(crate) fn entry_many512<T: Row<__m512> + Row<__m256>>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: &mut [f32],
+) {
+    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    if !hd.is_multiple_of(16) {
+        return entry_many(qs, n_ctx, kv, scale, out);
+    }
+    // SAFETY: the AVX-512 table is only handed out after `avx512::detected()` (AVX2, FMA, F16C,
+    // AVX-512 F/BW/VL); the head length is a multiple of 16 and every row is inside its page.
+    unsafe { run_avx512(qs, n_ctx, kv, scale, out) }
 }

@@ -19,10 +19,10 @@ pub static KERNELS: Kernels = Kernels {
     }),
     float_rows,
     quantize_act,
-    attend_f32: super::attend512::entry::<f32>,
-    attend_f16: super::attend512::entry::<half::f16>,
-    attend_many_f32: super::attend512::entry_many::<f32>,
-    attend_many_f16: super::attend512::entry_many::<half::f16>,
+    attend_f32: super::attend::entry512::<f32>,
+    attend_f16: super::attend::entry512::<half::f16>,
+    attend_many_f32: super::attend::entry_many512::<f32>,
+    attend_many_f16: super::attend::entry_many512::<half::f16>,
     ops: super::ops::OPS,
 };
 

@@ -17,7 +17,6 @@ use core::arch::x86_64::*;
 use super::FEW_TOKENS;
 
 mod attend;
-mod attend512;
 pub mod avx2;
 pub mod avx512;
 mod float;
