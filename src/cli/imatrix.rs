@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::Context;
 use deltaq::gguf::GgufFile;
 use deltaq::imatrix::{self, Options};
-use deltaq::model::Model;
+use deltaq::model::{KvType, Model};
 use deltaq::perplexity as ppl;
 use deltaq::tokenizer::Tokenizer;
 
@@ -50,6 +50,10 @@ pub struct Args {
     /// Output format
     #[arg(long = "output-format", value_enum, default_value_t = Format::Gguf)]
     output_format: Format,
+    /// KV cache type (llama-imatrix's -ctk/-ctv, one flag for both): f16, f32, q8_0, q4_0. Attention
+    /// with f32 keeps llama-imatrix's own f16 rounding of queries and weights out of a comparison
+    #[arg(long = "kv-type", value_name = "TYPE", default_value = "f16", value_parser = super::parse_kv_type)]
+    kv_type: KvType,
     /// Do not compute the perplexity of the chunks on the way
     #[arg(long = "no-ppl")]
     no_ppl: bool,
@@ -63,6 +67,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         .with_context(|| format!("reading the tokenizer of {}", a.model.display()))?;
     let model = Model::load(&f).with_context(|| format!("loading {}", a.model.display()))?;
     model.hp.check_ctx(a.ctx_size)?;
+    model.hp.check_kv_type(a.kv_type)?;
     if a.output_format == Format::Gguf && a.output.extension().is_none_or(|e| e != "gguf") {
         eprintln!(
             "warning: writing the GGUF format to {}, whose name does not end in .gguf (use \
@@ -79,6 +84,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         max_chunks: a.chunks,
         process_output: a.process_output,
         compute_ppl: !a.no_ppl,
+        kv_type: a.kv_type,
     };
     let n_chunk = imatrix::n_chunks(tokens.len(), &opts)
         .with_context(|| format!("{} is too short", a.text.display()))?;

@@ -23,7 +23,7 @@ use std::rc::Rc;
 use anyhow::{bail, ensure, Context, Result};
 
 use crate::kernels::observe_matmuls;
-use crate::model::{Model, Session};
+use crate::model::{KvType, Model, Session};
 use crate::perplexity::{nll_of, NllSums};
 use collect::{Collector, Schedule};
 
@@ -61,6 +61,8 @@ pub struct Options {
     pub process_output: bool,
     /// Measure the perplexity on the way (llama-imatrix does unless `--no-ppl`).
     pub compute_ppl: bool,
+    /// The KV cache's type (llama-imatrix's `-ctk`/`-ctv`; f16 by default).
+    pub kv_type: KvType,
 }
 
 impl Default for Options {
@@ -70,6 +72,7 @@ impl Default for Options {
             max_chunks: None,
             process_output: false,
             compute_ppl: true,
+            kv_type: KvType::default(),
         }
     }
 }
@@ -151,7 +154,7 @@ pub fn compute(
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        let mut s = Session::new(model, Some(n_ctx));
+        let mut s = Session::with_kv_type(model, Some(n_ctx), opts.kv_type);
         let mut pos = 0;
         for batch in chunk.chunks(piece) {
             let end = pos + batch.len();
