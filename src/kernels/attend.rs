@@ -159,10 +159,7 @@ pub fn attend_ref<T: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
-    check(q, &kv, n_ctx, out);
-    body(q, kv, n_ctx, scale, out, dot_ref, |y, w, v, stride| {
-        each_row(y, w, v, stride, axpy_ref)
-    })
+    attend_many_ref(q, &[n_ctx], kv, scale, out)
 }
 
 /// [`attend`] for `n_ctx.len()` queries over the same KV head at once: query `i` is
@@ -217,12 +214,6 @@ pub(crate) fn each_row<T>(
     }
 }
 
-/// Shape checks shared by every entry (before any SIMD code runs).
-pub(crate) fn check<T>(q: &[f32], kv: &KvPages<'_, T>, n_ctx: usize, out: &[f32]) {
-    assert_eq!(out.len(), q.len(), "attend: output and query lengths");
-    kv.check(q.len(), n_ctx);
-}
-
 /// Shape checks of a several-query entry; returns the head length.
 pub(crate) fn check_many<T>(
     qs: &[f32],
@@ -255,47 +246,6 @@ fn axpy_ref<T: KvElem>(y: &mut [f32], a: f32, x: &[T]) {
     }
 }
 
-/// The streaming softmax, generic over the dot product and update so that SIMD entries inline their
-/// own (`#[inline(always)]`: compiled inside each entry's `#[target_feature]` function). The caller has
-/// run [`check`].
-#[inline(always)]
-pub(crate) fn body<T: Copy>(
-    q: &[f32],
-    kv: KvPages<'_, T>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-    dot: impl Fn(&[f32], &[T]) -> f32,
-    axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
-) {
-    body_units(q, kv, n_ctx, scale, out, q.len(), dot, axpy_rows)
-}
-
-/// [`body`] for a cache whose heads are `hd` units (elements or blocks) long.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn body_units<T: Copy>(
-    q: &[f32],
-    kv: KvPages<'_, T>,
-    n_ctx: usize,
-    scale: f32,
-    out: &mut [f32],
-    hd: usize,
-    dot: impl Fn(&[f32], &[T]) -> f32,
-    axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
-) {
-    body_many(
-        q,
-        &[n_ctx],
-        kv,
-        scale,
-        out,
-        hd,
-        |_, q, k| dot(q, k),
-        axpy_rows,
-    )
-}
-
 /// The streaming softmax of several queries over the same KV head (`hd` units per head; query `i` is
 /// `qs[i·len..][..len]` with `len = qs.len() / n_ctx.len()` values and sees `n_ctx[i]` positions;
 /// `dot(i, q, key)` scores query `i`). The loops run block of positions by block, and within a block
@@ -312,24 +262,32 @@ pub(crate) fn body_many<T: Copy>(
     dot: impl Fn(usize, &[f32], &[T]) -> f32,
     mut axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
 ) {
-    let (stride, off) = (kv.stride, kv.offset);
-    let mut run = Running::new(qs, n_ctx, out);
-    for_each_block(&kv, run.n_all, |kp, vp, p0, b0, rows| {
-        let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
-        run.block(p0, b0, rows, kv.page_rows, |i, q, out, state, s, w| {
-            query_block(
-                q,
-                out,
-                state,
-                (k, v, stride, hd),
-                scale,
-                (s, w),
-                |q, key| dot(i, q, key),
-                &mut axpy_rows,
-            )
-        });
-    });
-    run.finish();
+    let len = qs.len() / n_ctx.len();
+    body_grouped(
+        qs,
+        n_ctx,
+        kv,
+        scale,
+        out,
+        |i0, qs, k, stride, s, r| {
+            for (j, (q, s)) in qs.chunks_exact(len).zip(s.iter_mut()).enumerate() {
+                for (t, s) in s[..r].iter_mut().enumerate() {
+                    *s = dot(i0 + j, q, &k[t * stride..][..hd]);
+                }
+            }
+        },
+        |w, max, sum| {
+            for w in w.iter_mut() {
+                *w = (*w - max).exp();
+                *sum += *w as f64;
+            }
+        },
+        |outs, w, v, stride, r| {
+            for (out, w) in outs.chunks_exact_mut(len).zip(w) {
+                axpy_rows(out, &w[..r], &v[..(r - 1) * stride + hd], stride);
+            }
+        },
+    )
 }
 
 /// Queries per group in [`body_grouped`].
@@ -339,9 +297,10 @@ pub(crate) const GROUP: usize = 4;
 /// for kernels that serve up to [`GROUP`] queries from each load of a key or value row. Within a block
 /// of positions, consecutive queries that see the same rows of it (the heads of one token, or every
 /// query far from the causal edge) form a group:
-/// - `scores(qs, k, stride, s, r)`: `s[j][..r]` = the raw dot products of query `j` of the group (`qs`
-///   holds the group's queries, `hd` values each) with key rows `k[i·stride..][..hd]`, `i < r`;
-/// - `weights(s, max) -> Σ`: `s ← e^{s − max}` in place, returning the block's sum of them;
+/// - `scores(i0, qs, k, stride, s, r)`: `s[j][..r]` = the raw dot products of query `i0 + j`, the
+///   group's `j`-th (`qs` holds the group's queries, `hd` values each), with key rows
+///   `k[i·stride..][..hd]` (`hd` units of the cache), `i < r`;
+/// - `weights(s, max, sum)`: `s ← e^{s − max}` in place, and their sum added to the normalizer `sum`;
 /// - `values(out, w, v, stride, r)`: `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for the group's outputs, each
 ///   element taking the rows in order.
 ///
@@ -356,9 +315,9 @@ pub(crate) fn body_grouped<T: Copy>(
     kv: KvPages<'_, T>,
     scale: f32,
     out: &mut [f32],
-    scores: impl Fn(&[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
-    weights: impl Fn(&mut [f32], f32) -> f32,
-    values: impl Fn(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
+    scores: impl Fn(usize, &[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
+    weights: impl Fn(&mut [f32], f32, &mut f64),
+    mut values: impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
 ) {
     let (stride, off, page_rows) = (kv.stride, kv.offset, kv.page_rows);
     let nq = n_ctx.len();
@@ -387,7 +346,7 @@ pub(crate) fn body_grouped<T: Copy>(
                 g += 1;
             }
             let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
-            scores(&qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
+            scores(i, &qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
             let outs = &mut out[i * hd..(i + g) * hd];
             for ((s, (max, sum)), out) in s[..g]
                 .iter_mut()
@@ -407,7 +366,7 @@ pub(crate) fn body_grouped<T: Copy>(
                     *sum *= c as f64;
                     *max = block_max;
                 }
-                *sum += weights(s, *max) as f64;
+                weights(s, *max, sum);
             }
             values(outs, &s[..g], v, stride, r);
             i += g;
@@ -438,101 +397,6 @@ fn for_each_block<T>(
             f(kp, vp, p0, b0, BLOCK.min(rows - b0));
         }
     }
-}
-
-/// The queries' running state: outputs, per-query maximum and normalizer, score and weight buffers.
-struct Running<'a> {
-    qs: &'a [f32],
-    n_ctx: &'a [usize],
-    out: &'a mut [f32],
-    len: usize,
-    n_all: usize,
-    state: Vec<(f32, f64)>,
-    s: [f32; BLOCK],
-    w: [f32; BLOCK],
-}
-
-impl<'a> Running<'a> {
-    fn new(qs: &'a [f32], n_ctx: &'a [usize], out: &'a mut [f32]) -> Running<'a> {
-        out.fill(0.0);
-        Running {
-            qs,
-            n_ctx,
-            len: qs.len() / n_ctx.len(),
-            n_all: n_ctx.iter().copied().max().unwrap_or(0),
-            out,
-            state: vec![(f32::NEG_INFINITY, 0f64); n_ctx.len()],
-            s: [0f32; BLOCK],
-            w: [0f32; BLOCK],
-        }
-    }
-
-    /// Runs `step(i, q, out, state, scores, weights)` for every query that sees row `b0` of the page
-    /// starting at `p0`, with the block cut to the rows that query sees.
-    #[inline(always)]
-    #[allow(clippy::type_complexity)]
-    fn block(
-        &mut self,
-        p0: usize,
-        b0: usize,
-        rows: usize,
-        page_rows: usize,
-        mut step: impl FnMut(usize, &[f32], &mut [f32], &mut (f32, f64), &mut [f32], &mut [f32]),
-    ) {
-        let len = self.len;
-        for (i, (&n, state)) in self.n_ctx.iter().zip(self.state.iter_mut()).enumerate() {
-            // This query's rows in the page, as it would count them alone.
-            let rows_i = page_rows.min(n.saturating_sub(p0));
-            if b0 >= rows_i {
-                continue;
-            }
-            let r = rows.min(rows_i - b0);
-            let (q, out) = (&self.qs[i * len..][..len], &mut self.out[i * len..][..len]);
-            step(i, q, out, state, &mut self.s[..r], &mut self.w[..r]);
-        }
-    }
-
-    fn finish(self) {
-        for ((_, sum), out) in self.state.iter().zip(self.out.chunks_exact_mut(self.len)) {
-            let inv = (1.0 / sum) as f32;
-            out.iter_mut().for_each(|o| *o *= inv);
-        }
-    }
-}
-
-/// One query over one block of `s.len()` rows: row `r`'s key is `k[r·stride..][..hd]`, its value
-/// `v[r·stride..][..hd]`. Scores, the running maximum's rescaling, the weights, then the value rows.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn query_block<U>(
-    q: &[f32],
-    out: &mut [f32],
-    (max, sum): &mut (f32, f64),
-    (k, v, stride, hd): (&[U], &[U], usize, usize),
-    scale: f32,
-    (s, w): (&mut [f32], &mut [f32]),
-    dot: impl Fn(&[f32], &[U]) -> f32,
-    axpy_rows: &mut impl FnMut(&mut [f32], &[f32], &[U], usize),
-) {
-    let mut block_max = f32::NEG_INFINITY;
-    for (r, s) in s.iter_mut().enumerate() {
-        *s = dot(q, &k[r * stride..][..hd]) * scale;
-        block_max = block_max.max(*s);
-    }
-    if block_max > *max {
-        // Everything so far was weighted by e^{−max}; move it to the new maximum.
-        let c = (*max - block_max).exp();
-        out.iter_mut().for_each(|o| *o *= c);
-        *sum *= c as f64;
-        *max = block_max;
-    }
-    // The block's weights first, then all its value rows in one pass over `out` (each element still
-    // takes the rows in order: the same sums as one row at a time).
-    for (w, s) in w.iter_mut().zip(s.iter()) {
-        *w = (s - *max).exp();
-        *sum += *w as f64;
-    }
-    axpy_rows(out, w, &v[..(w.len() - 1) * stride + hd], stride);
 }
 
 #[cfg(test)]

@@ -202,13 +202,13 @@ fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out:
         out,
         // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
         // are inside its slices.
-        |q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
-        |s, max| unsafe { weights(s, max) },
+        |_, q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
+        |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
         |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
     )
 }
 
-/// The table entry: checks the shapes, then runs the NEON body (or the reference for odd head sizes).
+/// The one-query table entry ([`attend::attend`]): the several-query entry with one query.
 pub(super) fn entry<T: Row>(
     q: &[f32],
     kv: KvPages<'_, T>,
@@ -216,15 +216,11 @@ pub(super) fn entry<T: Row>(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend::check(q, &kv, n_ctx, out);
-    if !q.len().is_multiple_of(8) {
-        // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
-        return attend::attend_ref(q, kv, n_ctx, scale, out);
-    }
-    run(q, &[n_ctx], kv, scale, out)
+    entry_many(q, &[n_ctx], kv, scale, out)
 }
 
-/// The several-query table entry ([`attend::attend_many`]), as [`entry`].
+/// The several-query table entry ([`attend::attend_many`]): checks the shapes, then runs the NEON body
+/// (or the reference for heads that are not a multiple of 8 long).
 pub(super) fn entry_many<T: Row>(
     qs: &[f32],
     n_ctx: &[usize],
@@ -234,6 +230,7 @@ pub(super) fn entry_many<T: Row>(
 ) {
     let hd = attend::check_many(qs, n_ctx, &kv, out);
     if !hd.is_multiple_of(8) {
+        // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
     }
     run(qs, n_ctx, kv, scale, out)

@@ -141,8 +141,8 @@ macro_rules! grouped_body {
                 out,
                 // SAFETY (all three): compiled with this function's features, which the caller
                 // guarantees; each checks that the rows it reads are inside its slices.
-                |q, k, stride, s, r| unsafe { scores::<$v, T>(q, k, stride, s, r) },
-                |s, max| unsafe { weights(s, max) },
+                |_, q, k, stride, s, r| unsafe { scores::<$v, T>(q, k, stride, s, r) },
+                |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
                 |o, w, v, stride, r| unsafe { values::<$v, T>(o, w, v, stride, r) },
             )
         }
