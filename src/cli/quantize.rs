@@ -2,8 +2,8 @@ use std::path::PathBuf;
 
 use deltaq::quant::GgmlType;
 use deltaq::quantize::{
-    quantize_file, quantize_file_to_bpw, FileType, ImatrixOptions, QuantizeOptions,
-    TensorTypeOverride,
+    quantize_file, quantize_file_to_bpw, tensor_type_from_name, FileType, ImatrixOptions,
+    QuantizeOptions, TensorTypeOverride,
 };
 
 #[derive(clap::Args)]
@@ -74,11 +74,7 @@ fn parse_ftype(s: &str) -> Result<FileType, String> {
 }
 
 fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
-    GgmlType::from_name(s)
-        .filter(|t| {
-            t.block_size() > 1 || matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-        })
-        .ok_or_else(|| format!("unknown tensor type '{s}'"))
+    tensor_type_from_name(s).ok_or_else(|| format!("unknown tensor type '{s}'"))
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {

@@ -18,8 +18,8 @@ use crate::quant::{dequantize_row, quantize_row_imatrix, GgmlType};
 
 pub use imatrix::Imatrix;
 pub use recipe::{
-    is_quantizable, sort_like_llama_quantize, tensor_requires_imatrix, FileType, Recipe,
-    TensorTypeOverride,
+    is_quantizable, sort_like_llama_quantize, tensor_requires_imatrix, tensor_type_from_name,
+    FileType, Recipe, TensorTypeOverride,
 };
 pub use target_bpw::{
     allocate, pick_for_lambda, quantize_file_to_bpw, quantize_file_to_bpw_sampled, Choice,

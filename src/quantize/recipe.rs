@@ -597,6 +597,14 @@ impl Recipe {
     }
 }
 
+/// A type a tensor can be quantized to, by its ggml name (any case): a block format, F32, F16 or BF16
+/// (llama-quantize's types for `--tensor-type`, `--token-embedding-type`, `--output-tensor-type`).
+pub fn tensor_type_from_name(name: &str) -> Option<GgmlType> {
+    GgmlType::from_name(name).filter(|t| {
+        t.block_size() > 1 || matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+    })
+}
+
 /// llama-quantize's `--tensor-type PATTERN=TYPE`: tensors whose name contains a match of the regular
 /// expression PATTERN (lower-cased, as llama-quantize does) get TYPE instead of the mixture's choice
 /// (after `--token-embedding-type` / `--output-tensor-type`, before the block-size fallback).
@@ -615,10 +623,7 @@ impl TensorTypeOverride {
         })?;
         anyhow::ensure!(!name.is_empty(), "missing tensor name in '{arg}'");
         anyhow::ensure!(!ty.is_empty(), "missing quantization type in '{arg}'");
-        let ty = GgmlType::from_name(ty)
-            .filter(|t| {
-                t.block_size() > 1 || matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
-            })
+        let ty = tensor_type_from_name(ty)
             .ok_or_else(|| anyhow::anyhow!("invalid quantization type '{ty}' in '{arg}'"))?;
         let pattern = name.to_lowercase();
         let regex = fancy_regex::Regex::new(&pattern)
