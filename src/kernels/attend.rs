@@ -198,6 +198,24 @@ pub fn attend_many_ref<T: KvElem>(
     )
 }
 
+/// The scalar table's softmax weights step ([`AttendSteps::weights`](super::dispatch::AttendSteps)):
+/// `e^{s − max}` by `f32::exp`, each added to the normalizer in f64.
+pub fn weights_ref(s: &mut [f32], max: f32, sum: &mut f64) {
+    for w in s.iter_mut() {
+        *w = (*w - max).exp();
+        *sum += *w as f64;
+    }
+}
+
+/// The scalar table's values step over f32 rows ([`AttendSteps::values`](super::dispatch::AttendSteps)):
+/// every query's output row by row through `axpy`.
+pub fn values_ref(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+    let hd = out.len() / w.len();
+    for (out, w) in out.chunks_exact_mut(hd).zip(w) {
+        each_row(out, &w[..r], &v[..(r - 1) * stride + hd], stride, axpy_ref);
+    }
+}
+
 /// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`, row by row through `axpy`: the
 /// block form of an `axpy`, for the tables that have no register-blocked one.
 #[inline(always)]
@@ -276,12 +294,7 @@ pub(crate) fn body_many<T: Copy>(
                 }
             }
         },
-        |w, max, sum| {
-            for w in w.iter_mut() {
-                *w = (*w - max).exp();
-                *sum += *w as f64;
-            }
-        },
+        weights_ref,
         |outs, w, v, stride, r| {
             for (out, w) in outs.chunks_exact_mut(len).zip(w) {
                 axpy_rows(out, &w[..r], &v[..(r - 1) * stride + hd], stride);
@@ -354,11 +367,7 @@ pub(crate) fn body_grouped<T: Copy>(
                 .zip(outs.chunks_exact_mut(hd))
             {
                 let s = &mut s[..r];
-                let mut block_max = f32::NEG_INFINITY;
-                for x in s.iter_mut() {
-                    *x *= scale;
-                    block_max = block_max.max(*x);
-                }
+                let block_max = scale_max(s, scale);
                 if block_max > *max {
                     // Everything so far was weighted by e^{−max}; move it to the new maximum.
                     let c = (*max - block_max).exp();
@@ -376,6 +385,71 @@ pub(crate) fn body_grouped<T: Copy>(
         let inv = (1.0 / sum) as f32;
         out.iter_mut().for_each(|o| *o *= inv);
     }
+}
+
+/// Rows `0..r` of the block at `src` (`stride` blocks apart, `nb` blocks each) converted back to back,
+/// `per` units of `U` each, kept while the block is the same.
+pub(crate) struct Gathered<U> {
+    /// The block's first unit (its identity; never dereferenced) and the rows converted so far.
+    at: usize,
+    n: usize,
+    buf: Vec<U>,
+}
+
+impl<U> Default for Gathered<U> {
+    fn default() -> Self {
+        Gathered {
+            at: 0,
+            n: 0,
+            buf: Vec::new(),
+        }
+    }
+}
+
+impl<U: Copy + bytemuck::Zeroable> Gathered<U> {
+    pub(crate) fn rows<B>(
+        &mut self,
+        src: &[B],
+        stride: usize,
+        r: usize,
+        nb: usize,
+        per: usize,
+        convert: impl Fn(&[B], &mut [U]),
+    ) -> &[U] {
+        let at = src.as_ptr() as usize;
+        if at != self.at {
+            (self.at, self.n) = (at, 0);
+        }
+        if self.buf.len() < r * per {
+            self.buf.resize(r * per, U::zeroed());
+        }
+        for i in self.n..r {
+            convert(&src[i * stride..][..nb], &mut self.buf[i * per..][..per]);
+        }
+        self.n = self.n.max(r);
+        &self.buf[..r * per]
+    }
+}
+
+/// `s ← scale·s`, returning the largest of the new values. Kept in 16 lanes, so that the loop is
+/// vectorized (a single running `max` is a serial chain): a maximum does not depend on the order it is
+/// taken in, so every caller gets the same value.
+#[inline(always)]
+fn scale_max(s: &mut [f32], scale: f32) -> f32 {
+    const L: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let mut chunks = s.chunks_exact_mut(L);
+    for c in &mut chunks {
+        for (m, x) in lanes.iter_mut().zip(c.iter_mut()) {
+            *x *= scale;
+            *m = m.max(*x);
+        }
+    }
+    for (m, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
+        *x *= scale;
+        *m = m.max(*x);
+    }
+    lanes.iter().fold(f32::NEG_INFINITY, |a, &m| a.max(m))
 }
 
 /// Calls `f(k_page, v_page, p0, b0, rows)` for every block of `BLOCK` positions (fewer at the end of a

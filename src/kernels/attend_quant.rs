@@ -1,13 +1,16 @@
 //! Attention over a KV cache of Q8_0 or Q4_0 blocks (llama.cpp's `-ctk q8_0` / `-ctv q4_0`), read in
-//! place as ggml's CPU flash attention reads it: the query is quantized to Q8_0 once per call, each key
-//! row is dotted with it by the kernel table's `quant_rows` (the SIMD dot products of the weight
-//! matrices, held to the scalar reference by their own tests), and each value row is dequantized into
-//! a head-sized buffer as it is read and added with its softmax weight. No widened copy of the cache is
-//! made. The streaming softmax is [`attend`](super::attend)'s.
+//! place as ggml's CPU flash attention reads it: the query is quantized to Q8_0 once per call, and the
+//! key rows of a block are dotted with a group of up to four queries by the kernel table's `quant_rows`
+//! (the SIMD dot products of the weight matrices, held to the scalar reference by their own tests). A
+//! block's value rows are dequantized once, for all the groups that read them, into a block-sized
+//! buffer; the softmax weights and the weighted sums of values are the table's f32 steps. No widened
+//! copy of the cache is made. The streaming softmax is [`attend`](super::attend)'s grouped body.
+
+use std::cell::RefCell;
 
 use bytemuck::Zeroable;
 
-use super::attend::{body_many, KvPages, KvStore};
+use super::attend::{body_grouped, Gathered, KvPages, KvStore, BLOCK, GROUP};
 use super::dispatch::Kernels;
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ8_0, GgmlType};
 
@@ -109,25 +112,38 @@ pub fn attend_quant_many_with<B: KvBlock>(
     for (q, qq) in qs.chunks_exact(hd).zip(qq.chunks_exact_mut(nb)) {
         (k.quantize_act)(GgmlType::Q8_0, q, bytemuck::cast_slice_mut(qq));
     }
-    let mut row = vec![0f32; hd];
-    body_many(
+    // A block's key rows gathered back to back (a page interleaves the KV heads), so that one
+    // `quant_rows` call dots them with a whole group of queries; and its value rows dequantized. Both
+    // are made once per block, on its first group, and serve every group after it.
+    let keys = RefCell::new(Gathered::<B>::default());
+    let mut vals = Gathered::<f32>::default();
+    let mut dots = [0f32; BLOCK * GROUP];
+    let dots = RefCell::new(&mut dots);
+    body_grouped(
         qs,
         n_ctx,
         kv,
         scale,
         out,
-        nb,
-        |i, _, key: &[B]| {
-            let mut s = [0f32];
-            let qi: &[u8] = bytemuck::cast_slice(&qq[i * nb..][..nb]);
-            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(key), qi, 1, &mut s);
-            s[0]
-        },
-        |y: &mut [f32], w: &[f32], v: &[B], stride: usize| {
-            for (i, &w) in w.iter().enumerate() {
-                B::dequantize(&v[i * stride..][..nb], &mut row);
-                super::ops::axpy(y, w, &row);
+        |i0, group, key: &[B], stride, s, r| {
+            let g = group.len() / hd;
+            let mut keys = keys.borrow_mut();
+            let rows = keys.rows(key, stride, r, nb, nb, |row, dst| dst.copy_from_slice(row));
+            let qi: &[u8] = bytemuck::cast_slice(&qq[i0 * nb..(i0 + g) * nb]);
+            let mut dots = dots.borrow_mut();
+            let d = &mut dots[..r * g];
+            // `quant_rows` gives every (row, query) the bits of a one-row, one-query call.
+            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(rows), qi, g, d);
+            for (j, s) in s.iter_mut().enumerate() {
+                for (t, s) in s[..r].iter_mut().enumerate() {
+                    *s = d[t * g + j];
+                }
             }
+        },
+        k.attend_steps.weights,
+        |outs, w, v: &[B], stride, r| {
+            let rows = vals.rows(v, stride, r, nb, hd, |row, dst| B::dequantize(row, dst));
+            (k.attend_steps.values)(outs, w, rows, hd, r)
         },
     )
 }

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use half::f16;
 
-use super::attend::{AttendFn, AttendManyFn};
+use super::attend::{AttendFn, AttendManyFn, BLOCK};
 use crate::quant::GgmlType;
 
 /// An instruction-set path.
@@ -65,8 +65,26 @@ pub struct Kernels {
     pub attend_many_f32: AttendManyFn<f32>,
     /// The same over an f16 cache.
     pub attend_many_f16: AttendManyFn<f16>,
+    /// The weights and values steps of the grouped attention body over f32 rows, for the attention
+    /// that computes its own scores (over Q8_0 / Q4_0 caches, [`super::attend_quant`]).
+    pub attend_steps: AttendSteps,
     /// The element-wise and per-row ops of the model blocks ([`super::ops`]).
     pub ops: OpsFns,
+}
+
+/// The steps of [`super::attend::body_grouped`] that do not read keys, as a table serves them to an
+/// attention over f32 value rows.
+/// [`AttendSteps::values`]: `(out, w, v, stride, r)`.
+pub type ValuesFn = fn(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize);
+
+#[derive(Clone, Copy)]
+pub struct AttendSteps {
+    /// `s ← e^{s − max}` in place, their sum added to the normalizer `sum`.
+    pub weights: fn(s: &mut [f32], max: f32, sum: &mut f64),
+    /// `out_j ← out_j + Σ_{i<r} w[j][i]·v[i·stride..][..hd]` for the `w.len()` (1 to 4) queries whose
+    /// outputs are consecutive in `out` (`hd = out.len() / w.len()`), every element taking the rows in
+    /// order with the same operations whatever the group size.
+    pub values: ValuesFn,
 }
 
 /// A table's prefill GEMM ([`Kernels::quant_gemm`]) and the weight types it takes.

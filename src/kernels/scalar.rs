@@ -1,7 +1,7 @@
 //! The scalar reference kernels: every SIMD path is tested against these.
 
-use super::attend::{attend_many_ref, attend_ref};
-use super::dispatch::{Isa, Kernels, OpsFns};
+use super::attend::{attend_many_ref, attend_ref, values_ref, weights_ref};
+use super::dispatch::{AttendSteps, Isa, Kernels, OpsFns};
 use super::ops::{axpy, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
@@ -15,6 +15,10 @@ pub static KERNELS: Kernels = Kernels {
     attend_f16: attend_ref::<half::f16>,
     attend_many_f32: attend_many_ref::<f32>,
     attend_many_f16: attend_many_ref::<half::f16>,
+    attend_steps: AttendSteps {
+        weights: weights_ref,
+        values: values_ref,
+    },
     ops: OPS,
 };
 

@@ -10,6 +10,7 @@ use half::f16;
 use super::float::{self, Elem};
 use super::ops::exp_q;
 use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
+use crate::kernels::dispatch::AttendSteps;
 
 /// A KV element type and its loader of 8 consecutive elements as two f32x4.
 pub(super) trait Row: KvElem {
@@ -234,4 +235,24 @@ pub(super) fn entry_many<T: Row>(
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
     }
     run(qs, n_ctx, kv, scale, out)
+}
+
+/// The NEON tables' attention steps over f32 rows ([`AttendSteps`]): the grouped body's own weights and
+/// values.
+pub(super) const STEPS: AttendSteps = AttendSteps {
+    weights: weights_neon,
+    values: values_neon,
+};
+
+fn weights_neon(s: &mut [f32], max: f32, sum: &mut f64) {
+    // SAFETY: NEON is the aarch64 baseline.
+    *sum += unsafe { weights(s, max) } as f64;
+}
+
+fn values_neon(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+    if !(out.len() / w.len()).is_multiple_of(8) {
+        return attend::values_ref(out, w, v, stride, r);
+    }
+    // SAFETY: NEON only; `values_n` checks that its rows are inside `v`.
+    unsafe { values::<f32>(out, w, v, stride, r) }
 }

@@ -36,6 +36,7 @@ pub static NEON: Kernels = Kernels {
     attend_f16: attend::entry::<half::f16>,
     attend_many_f32: attend::entry_many::<f32>,
     attend_many_f16: attend::entry_many::<half::f16>,
+    attend_steps: attend::STEPS,
     ops: ops::OPS,
 };
 
@@ -54,6 +55,7 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     attend_f16: attend::entry::<half::f16>,
     attend_many_f32: attend::entry_many::<f32>,
     attend_many_f16: attend::entry_many::<half::f16>,
+    attend_steps: attend::STEPS,
     ops: ops::OPS,
 };
 

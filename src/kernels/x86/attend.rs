@@ -10,6 +10,7 @@ use half::f16;
 use super::hsum_ps;
 use super::ops::exp_ps;
 use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
+use crate::kernels::dispatch::AttendSteps;
 
 /// An f32 vector of `LANES` lanes, with the operations the tiles use.
 pub(crate) trait Vf: Copy {
@@ -399,4 +400,51 @@ pub(crate) fn entry_many512<T: Row<__m512> + Row<__m256>>(
     // SAFETY: the AVX-512 table is only handed out after `avx512::detected()` (AVX2, FMA, F16C,
     // AVX-512 F/BW/VL); the head length is a multiple of 16 and every row is inside its page.
     unsafe { run_avx512(qs, n_ctx, kv, scale, out) }
+}
+
+/// The AVX2 table's attention steps over f32 rows ([`AttendSteps`]): the grouped body's own weights and
+/// values.
+pub(crate) const STEPS: AttendSteps = AttendSteps {
+    weights: weights_avx2,
+    values: values_avx2,
+};
+
+/// The AVX-512 table's: the same weights, 16-lane values.
+pub(crate) const STEPS512: AttendSteps = AttendSteps {
+    weights: weights_avx2,
+    values: values_avx512,
+};
+
+fn weights_avx2(s: &mut [f32], max: f32, sum: &mut f64) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run(s: &mut [f32], max: f32) -> f32 {
+        weights(s, max)
+    }
+    // SAFETY: the tables holding this entry are only handed out after `avx2::detected()`.
+    *sum += unsafe { run(s, max) } as f64;
+}
+
+fn values_avx2(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+        values::<__m256, f32>(out, w, v, stride, r)
+    }
+    if !(out.len() / w.len()).is_multiple_of(8) {
+        return attend::values_ref(out, w, v, stride, r);
+    }
+    // SAFETY: as `weights_avx2`; `values_n` checks that its rows are inside `v`.
+    unsafe { run(out, w, v, stride, r) }
+}
+
+fn values_avx512(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+    unsafe fn run(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
+        values::<__m512, f32>(out, w, v, stride, r)
+    }
+    if !(out.len() / w.len()).is_multiple_of(16) {
+        return values_avx2(out, w, v, stride, r);
+    }
+    // SAFETY: the AVX-512 table is only handed out after `avx512::detected()`; `values_n` checks that
+    // its rows are inside `v`.
+    unsafe { run(out, w, v, stride, r) }
 }

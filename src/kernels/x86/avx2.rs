@@ -22,6 +22,7 @@ pub static KERNELS: Kernels = Kernels {
     attend_f16: super::attend::entry::<half::f16>,
     attend_many_f32: super::attend::entry_many::<f32>,
     attend_many_f16: super::attend::entry_many::<half::f16>,
+    attend_steps: super::attend::STEPS,
     ops: super::ops::OPS,
 };
 

@@ -23,6 +23,7 @@ pub static KERNELS: Kernels = Kernels {
     attend_f16: super::attend::entry512::<half::f16>,
     attend_many_f32: super::attend::entry_many512::<f32>,
     attend_many_f16: super::attend::entry_many512::<half::f16>,
+    attend_steps: super::attend::STEPS512,
     ops: super::ops::OPS,
 };
 
