@@ -304,7 +304,7 @@ pub(crate) fn body_many<T: Copy>(
 }
 
 /// Queries per group in [`body_grouped`].
-pub(crate) const GROUP: usize = 4;
+pub(crate) const GROUP: usize = 8;
 
 /// The streaming softmax of several queries over an element cache (`hd = qs.len() / n_ctx.len()`),
 /// for kernels that serve up to [`GROUP`] queries from each load of a key or value row. Within a block

@@ -1,6 +1,6 @@
 //! Attention over a KV cache of Q8_0 or Q4_0 blocks (llama.cpp's `-ctk q8_0` / `-ctv q4_0`), read in
 //! place as ggml's CPU flash attention reads it: the query is quantized to Q8_0 once per call, and the
-//! key rows of a block are dotted with a group of up to four queries by the kernel table's `quant_rows`
+//! key rows of a block are dotted with a group of up to eight queries by the kernel table's `quant_rows`
 //! (the SIMD dot products of the weight matrices, held to the scalar reference by their own tests). A
 //! block's value rows are dequantized once, for all the groups that read them, into a block-sized
 //! buffer; the softmax weights and the weighted sums of values are the table's f32 steps. No widened

@@ -81,7 +81,7 @@ pub type ValuesFn = fn(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: u
 pub struct AttendSteps {
     /// `s ← e^{s − max}` in place, their sum added to the normalizer `sum`.
     pub weights: fn(s: &mut [f32], max: f32, sum: &mut f64),
-    /// `out_j ← out_j + Σ_{i<r} w[j][i]·v[i·stride..][..hd]` for the `w.len()` (1 to 4) queries whose
+    /// `out_j ← out_j + Σ_{i<r} w[j][i]·v[i·stride..][..hd]` for the `w.len()` (1 to 8) queries whose
     /// outputs are consecutive in `out` (`hd = out.len() / w.len()`), every element taking the rows in
     /// order with the same operations whatever the group size.
     pub values: ValuesFn,

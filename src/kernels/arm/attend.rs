@@ -1,5 +1,5 @@
 //! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`) with NEON: up to
-//! four queries served by each load of a key or value row, four-lane FMAs, weights by the vector `exp`;
+//! four queries (of a group of up to eight) served by each load of a key or value row, four-lane FMAs, weights by the vector `exp`;
 //! f16 rows are widened with the base ARMv8 `fcvtl`/`fcvtl2` (exact), as the F16 weight kernels do. Both
 //! NEON tables share these entries (no dotprod needed).
 
@@ -25,7 +25,7 @@ impl Row for f16 {
     type E = float::F16;
 }
 
-/// Raw scores of a group of 1 to 4 queries against key rows `0..r` ([`attend::body_grouped`]): each
+/// Raw scores of a group of 1 to 8 queries against key rows `0..r` ([`attend::body_grouped`]): each
 /// (query, row) pair gets two 4-lane accumulators (the halves of each 8-element chunk) over the head,
 /// then their sum across lanes, whatever the group size. Tiles of 4 × 2, 3 × 2, 2 × 4 and 1 × 4 pairs
 /// (16 accumulators at most), then rows one at a time.
@@ -34,6 +34,19 @@ impl Row for f16 {
 /// NEON only (the aarch64 baseline); the loads are checked to stay inside the slices.
 #[inline(always)]
 unsafe fn scores<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
+    if s.len() > 4 {
+        // The first four queries and the rest as two groups: the same operations per pair.
+        let hd = qs.len() / s.len();
+        let (s0, s1) = s.split_at_mut(4);
+        scores4(&qs[..4 * hd], k, stride, s0, r);
+        return scores4(&qs[4 * hd..], k, stride, s1, r);
+    }
+    scores4(qs, k, stride, s, r)
+}
+
+/// [`scores`] for 1 to 4 queries (not recursive, so that it is always inlined).
+#[inline(always)]
+unsafe fn scores4<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
     match s.len() {
         4 => scores_n::<T, 4, 2>(qs, k, stride, s, r),
         3 => scores_n::<T, 3, 2>(qs, k, stride, s, r),
@@ -138,7 +151,7 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of 1 to 4 queries (outputs consecutive in `out`):
+/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of 1 to 8 queries (outputs consecutive in `out`):
 /// 8 elements of every output in registers while each value row is loaded once for the group; one FMA
 /// per element and row, in row order.
 ///
@@ -146,6 +159,19 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
 /// NEON only; the accesses are checked to stay inside the slices.
 #[inline(always)]
 unsafe fn values<T: Row>(out: &mut [f32], w: &[[f32; BLOCK]], v: &[T], stride: usize, r: usize) {
+    if w.len() > 4 {
+        // The first four outputs and the rest as two groups (the same operations).
+        let hd = out.len() / w.len();
+        let (o0, o1) = out.split_at_mut(4 * hd);
+        values4(o0, &w[..4], v, stride, r);
+        return values4(o1, &w[4..], v, stride, r);
+    }
+    values4(out, w, v, stride, r)
+}
+
+/// [`values`] for 1 to 4 queries (not recursive, so that it is always inlined).
+#[inline(always)]
+unsafe fn values4<T: Row>(out: &mut [f32], w: &[[f32; BLOCK]], v: &[T], stride: usize, r: usize) {
     match w.len() {
         4 => values_n::<T, 4>(out, w, v, stride, r),
         3 => values_n::<T, 3>(out, w, v, stride, r),

@@ -1,7 +1,8 @@
-//! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`): up to four queries
-//! served by each load of a key or value row, FMA register tiles, weights by the vector `exp`; f16 rows
-//! widened by F16C's `vcvtph2ps` (exact). One body for two widths: 8 lanes (`__m256`, the AVX2 table)
-//! and 16 lanes (`__m512`, the AVX-512 table, whose 32 registers hold 4 × 4 score tiles).
+//! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`): up to eight queries
+//! served by each load of a key or value row (AVX-512; four with AVX2's 16 registers), FMA register
+//! tiles, weights by the vector `exp`; f16 rows widened by F16C's `vcvtph2ps` (exact). One body for two
+//! widths: 8 lanes (`__m256`, the AVX2 table) and 16 lanes (`__m512`, the AVX-512 table, whose 32
+//! registers hold 4 × 4 and 8 × 2 score tiles).
 
 use core::arch::x86_64::*;
 
@@ -157,7 +158,7 @@ grouped_body!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
 
-/// Raw scores of a group of `s.len()` (1 to 4) queries against key rows `0..r`: every (query, row) pair
+/// Raw scores of a group of `s.len()` (1 to 8) queries against key rows `0..r`: every (query, row) pair
 /// gets one accumulator over the head, chunk after chunk, and [`Vf::hsum`], whatever the group size.
 /// Tiles of `V::SCORE_ROWS` rows, then rows one at a time.
 ///
@@ -166,6 +167,31 @@ grouped_body!(
 /// multiple of `V::LANES`.
 #[inline(always)]
 unsafe fn scores<V: Vf, T: Row<V>>(
+    qs: &[f32],
+    k: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
+    let g = s.len();
+    if g == 8 && V::LANES == 16 {
+        // 8 queries × 2 rows: 16 accumulators, each row widened once for 8 queries.
+        return scores_n::<V, T, 8, 2>(qs, k, stride, s, r);
+    }
+    if g > 4 {
+        // The first four queries and the rest as two groups: the same operations per pair.
+        let hd = qs.len() / g;
+        let (s0, s1) = s.split_at_mut(4);
+        scores4::<V, T>(&qs[..4 * hd], k, stride, s0, r);
+        return scores4::<V, T>(&qs[4 * hd..], k, stride, s1, r);
+    }
+    scores4::<V, T>(qs, k, stride, s, r)
+}
+
+/// [`scores`] for 1 to 4 queries (not recursive: a recursive call would not be inlined into the
+/// function that has the target features, and its intrinsics would become calls).
+#[inline(always)]
+unsafe fn scores4<V: Vf, T: Row<V>>(
     qs: &[f32],
     k: &[T],
     stride: usize,
@@ -273,7 +299,7 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 4) queries whose outputs are
+/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 8) queries whose outputs are
 /// consecutive in `out`: two vectors of every output at a time stay in registers while each value row is
 /// loaded once for the group; every element takes one FMA per row, in row order (the same operations
 /// whatever the group size).
@@ -283,6 +309,35 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
 /// multiple of `V::LANES`.
 #[inline(always)]
 unsafe fn values<V: Vf, T: Row<V>>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
+    v: &[T],
+    stride: usize,
+    r: usize,
+) {
+    let g = w.len();
+    if g > 4 && V::LANES == 8 {
+        // 16 registers: the first four outputs and the rest as two groups (the same operations).
+        let hd = out.len() / g;
+        let (o0, o1) = out.split_at_mut(4 * hd);
+        values4::<V, T>(o0, &w[..4], v, stride, r);
+        return values4::<V, T>(o1, &w[4..], v, stride, r);
+    }
+    match g {
+        8 => values_n::<V, T, 8>(out, w, v, stride, r),
+        7 => values_n::<V, T, 7>(out, w, v, stride, r),
+        6 => values_n::<V, T, 6>(out, w, v, stride, r),
+        5 => values_n::<V, T, 5>(out, w, v, stride, r),
+        4 => values_n::<V, T, 4>(out, w, v, stride, r),
+        3 => values_n::<V, T, 3>(out, w, v, stride, r),
+        2 => values_n::<V, T, 2>(out, w, v, stride, r),
+        _ => values_n::<V, T, 1>(out, w, v, stride, r),
+    }
+}
+
+/// [`values`] for 1 to 4 queries (not recursive, as [`scores4`]).
+#[inline(always)]
+unsafe fn values4<V: Vf, T: Row<V>>(
     out: &mut [f32],
     w: &[[f32; BLOCK]],
     v: &[T],
