@@ -186,15 +186,21 @@ pub fn attend_many_ref<T: KvElem>(
     out: &mut [f32],
 ) {
     let hd = check_many(qs, n_ctx, &kv, out);
-    body_many(
+    body_grouped(
         qs,
         n_ctx,
         kv,
         scale,
         out,
-        hd,
-        |_, q, k| dot_ref(q, k),
-        |y, w, v, stride| each_row(y, w, v, stride, axpy_ref),
+        |_, qs, k, stride, s, r| {
+            for (q, s) in qs.chunks_exact(hd).zip(s.iter_mut()) {
+                for (t, s) in s[..r].iter_mut().enumerate() {
+                    *s = dot_ref(q, &k[t * stride..][..hd]);
+                }
+            }
+        },
+        weights_ref,
+        values_ref,
     )
 }
 
@@ -207,28 +213,20 @@ pub fn weights_ref(s: &mut [f32], max: f32, sum: &mut f64) {
     }
 }
 
-/// The scalar table's values step over f32 rows ([`AttendSteps::values`](super::dispatch::AttendSteps)):
-/// every query's output row by row through `axpy`.
-pub fn values_ref(out: &mut [f32], w: &[[f32; BLOCK]], v: &[f32], stride: usize, r: usize) {
-    let hd = out.len() / w.len();
-    for (out, w) in out.chunks_exact_mut(hd).zip(w) {
-        each_row(out, &w[..r], &v[..(r - 1) * stride + hd], stride, axpy_ref);
-    }
-}
-
-/// `y ← y + Σᵢ w[i]·v[i]` for the rows `v[i] = v[i·stride..][..y.len()]`, row by row through `axpy`: the
-/// block form of an `axpy`, for the tables that have no register-blocked one.
-#[inline(always)]
-pub(crate) fn each_row<T>(
-    y: &mut [f32],
-    w: &[f32],
+/// The reference values step (the scalar table's [`AttendSteps::values`](super::dispatch::AttendSteps)
+/// over f32 rows): every query's output row by row through `axpy`.
+pub fn values_ref<T: KvElem>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
     v: &[T],
     stride: usize,
-    axpy: impl Fn(&mut [f32], f32, &[T]),
+    r: usize,
 ) {
-    let hd = y.len();
-    for (i, &w) in w.iter().enumerate() {
-        axpy(y, w, &v[i * stride..][..hd]);
+    let hd = out.len() / w.len();
+    for (out, w) in out.chunks_exact_mut(hd).zip(w) {
+        for (i, &w) in w[..r].iter().enumerate() {
+            axpy_ref(out, w, &v[i * stride..][..hd]);
+        }
     }
 }
 
@@ -264,45 +262,6 @@ fn axpy_ref<T: KvElem>(y: &mut [f32], a: f32, x: &[T]) {
     }
 }
 
-/// The streaming softmax of several queries over the same KV head (`hd` units per head; query `i` is
-/// `qs[i·len..][..len]` with `len = qs.len() / n_ctx.len()` values and sees `n_ctx[i]` positions;
-/// `dot(i, q, key)` scores query `i`). The loops run block of positions by block, and within a block
-/// query by query: each query takes exactly the steps, in the same order, that it would alone.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn body_many<T: Copy>(
-    qs: &[f32],
-    n_ctx: &[usize],
-    kv: KvPages<'_, T>,
-    scale: f32,
-    out: &mut [f32],
-    hd: usize,
-    dot: impl Fn(usize, &[f32], &[T]) -> f32,
-    mut axpy_rows: impl FnMut(&mut [f32], &[f32], &[T], usize),
-) {
-    let len = qs.len() / n_ctx.len();
-    body_grouped(
-        qs,
-        n_ctx,
-        kv,
-        scale,
-        out,
-        |i0, qs, k, stride, s, r| {
-            for (j, (q, s)) in qs.chunks_exact(len).zip(s.iter_mut()).enumerate() {
-                for (t, s) in s[..r].iter_mut().enumerate() {
-                    *s = dot(i0 + j, q, &k[t * stride..][..hd]);
-                }
-            }
-        },
-        weights_ref,
-        |outs, w, v, stride, r| {
-            for (out, w) in outs.chunks_exact_mut(len).zip(w) {
-                axpy_rows(out, &w[..r], &v[..(r - 1) * stride + hd], stride);
-            }
-        },
-    )
-}
-
 /// Queries per group in [`body_grouped`].
 pub(crate) const GROUP: usize = 8;
 
@@ -328,7 +287,7 @@ pub(crate) fn body_grouped<T: Copy>(
     kv: KvPages<'_, T>,
     scale: f32,
     out: &mut [f32],
-    scores: impl Fn(usize, &[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
+    mut scores: impl FnMut(usize, &[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
     weights: impl Fn(&mut [f32], f32, &mut f64),
     mut values: impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
 ) {

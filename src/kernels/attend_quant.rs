@@ -6,8 +6,6 @@
 //! buffer; the softmax weights and the weighted sums of values are the table's f32 steps. No widened
 //! copy of the cache is made. The streaming softmax is [`attend`](super::attend)'s grouped body.
 
-use std::cell::RefCell;
-
 use bytemuck::Zeroable;
 
 use super::attend::{body_grouped, Gathered, KvPages, KvStore, BLOCK, GROUP};
@@ -115,10 +113,9 @@ pub fn attend_quant_many_with<B: KvBlock>(
     // A block's key rows gathered back to back (a page interleaves the KV heads), so that one
     // `quant_rows` call dots them with a whole group of queries; and its value rows dequantized. Both
     // are made once per block, on its first group, and serve every group after it.
-    let keys = RefCell::new(Gathered::<B>::default());
+    let mut keys = Gathered::<B>::default();
     let mut vals = Gathered::<f32>::default();
     let mut dots = [0f32; BLOCK * GROUP];
-    let dots = RefCell::new(&mut dots);
     body_grouped(
         qs,
         n_ctx,
@@ -127,10 +124,8 @@ pub fn attend_quant_many_with<B: KvBlock>(
         out,
         |i0, group, key: &[B], stride, s, r| {
             let g = group.len() / hd;
-            let mut keys = keys.borrow_mut();
             let rows = keys.rows(key, stride, r, nb, nb, |row, dst| dst.copy_from_slice(row));
             let qi: &[u8] = bytemuck::cast_slice(&qq[i0 * nb..(i0 + g) * nb]);
-            let mut dots = dots.borrow_mut();
             let d = &mut dots[..r * g];
             // `quant_rows` gives every (row, query) the bits of a one-row, one-query call.
             (k.quant_rows)(B::TYPE, bytemuck::cast_slice(rows), qi, g, d);

@@ -1,7 +1,7 @@
 //! Attention over the KV cache (the grouped streaming softmax of `kernels::attend`) with NEON: up to
-//! four queries (of a group of up to eight) served by each load of a key or value row, four-lane FMAs, weights by the vector `exp`;
-//! f16 rows are widened with the base ARMv8 `fcvtl`/`fcvtl2` (exact), as the F16 weight kernels do. Both
-//! NEON tables share these entries (no dotprod needed).
+//! four queries (half of a group of up to eight) served by each load of a key or value row, four-lane
+//! FMAs, weights by the vector `exp`; f16 rows are widened with the base ARMv8 `fcvtl`/`fcvtl2`
+//! (exact), as the F16 weight kernels do. Both NEON tables share these entries (no dotprod needed).
 
 use core::arch::aarch64::*;
 
