@@ -78,10 +78,15 @@ fn main() {
         let x: Vec<f32> = (0..N).map(|i| row[(i + 17 * r) % N]).collect();
         quant::quantize_row(ty, &x, o).unwrap();
     }
-    let x: Vec<f32> = (0..N).map(|_| rnd()).collect();
+    // TOK=n: n activation rows per call in `hot` / `cold` (the few-token verification shapes).
+    let n_tok: usize = std::env::var("TOK").map_or(1, |v| v.parse().unwrap());
     let act = ty.vec_dot_type();
-    let mut a = vec![0u8; act.row_bytes(N as u64).unwrap() as usize];
-    (k.quantize_act)(act, &x, &mut a);
+    let ab = act.row_bytes(N as u64).unwrap() as usize;
+    let mut a = vec![0u8; ab * n_tok];
+    for at in a.chunks_exact_mut(ab) {
+        let x: Vec<f32> = (0..N).map(|_| rnd()).collect();
+        (k.quantize_act)(act, &x, at);
+    }
     let copies = if mode == "ratio" {
         // Above this host's 480 MiB L3 several times over.
         (2048usize << 20).div_ceil(w.len())
@@ -122,7 +127,7 @@ fn main() {
     } else {
         owned.iter().map(|v| v.as_slice()).collect()
     };
-    let mut out = vec![0f32; rows];
+    let mut out = vec![0f32; rows * n_tok];
     if mode == "ratio" {
         let chunks: Vec<&[u64]> = region
             .chunks_exact(l)
@@ -138,8 +143,8 @@ fn main() {
             for (i, m) in mats.iter().enumerate() {
                 tb += sum_pass(chunks[i]);
                 let s = Instant::now();
-                for (m, o) in m.chunks(item * rb).zip(out.chunks_mut(item)) {
-                    (k.quant_rows)(ty, m, &a, 1, o);
+                for (m, o) in m.chunks(item * rb).zip(out[..rows].chunks_mut(item)) {
+                    (k.quant_rows)(ty, m, &a[..ab], 1, o);
                 }
                 tm += s.elapsed().as_secs_f64();
             }
@@ -163,13 +168,13 @@ fn main() {
     for i in 0..reps + copies.min(8) {
         let m = mats[i % copies];
         let s = Instant::now();
-        (k.quant_rows)(ty, m, &a, 1, &mut out);
+        (k.quant_rows)(ty, m, &a, n_tok, &mut out);
         let dt = s.elapsed().as_secs_f64();
         if i >= copies.min(8) {
             t.push(dt);
         }
     }
     std::hint::black_box(&out);
-    let what = format!("{} {} {}", ty.name(), isa.name(), mode);
+    let what = format!("{} {} {} {n_tok} tok", ty.name(), isa.name(), mode);
     report(&what, w.len() as f64, &t);
 }

@@ -453,8 +453,9 @@ mod tests {
 }
 
 /// Costs of self-speculative decoding with `k` drafts per step, medians of `reps` runs at a depth of
-/// `depth` tokens: a 1-token decode step, a (k+1)-token verification pass (rolled back after each
-/// run), and drafting `k` tokens with the MTP block. Random weights accept no drafts, so the
+/// `depth` tokens: a 1-token decode step, a (k+1)-token verification pass with the rollback of its
+/// rejected drafts (all of them, as random weights reject them: the state after the first token is
+/// put back), and drafting `k` tokens with the MTP block. Random weights accept no drafts, so the
 /// verification's cost relative to a plain step is what a bench can say about the speed-up: a step
 /// whose drafts are accepted at the pooled rate `r` (accepted / drafted) yields `1 + k·r` tokens.
 #[derive(Clone, Copy, Debug)]
@@ -502,8 +503,8 @@ pub fn draft_costs(model: &Model, k: usize, depth: usize, setup: &TestSetup) -> 
         s.rewind_to(&at_depth)?;
         let t0 = Instant::now();
         s.verify(&toks)?;
-        let t_verify = t0.elapsed().as_nanos() as f64;
         s.settle()?;
+        let t_verify = t0.elapsed().as_nanos() as f64;
         s.rewind_to(&at_depth)?;
         let t0 = Instant::now();
         s.draft(toks[0], k, 0.0, vocab)?;

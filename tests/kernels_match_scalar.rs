@@ -686,7 +686,7 @@ fn ops_match_scalar() {
 
 /// Every table's delta-rule step equals the reference bit for bit: head sizes with and without a
 /// multiple of 8 (`dk` 12 takes the reference path), several tokens in a row on the same state, decays
-/// of 0, 1 and between, zero and large writes.
+/// of 0, 1 and between, zero and large writes, steps in place and from another buffer.
 #[test]
 fn delta_step_matches_scalar() {
     let s = scalar().ops;
@@ -702,8 +702,36 @@ fn delta_step_matches_scalar() {
                 let decay = [0.0f32, 1.0, 0.97, 0.5, 1e-20, 0.999][step];
                 let beta = [0.0f32, 1.0, 0.3, 0.9, 0.01, 0.5][step];
                 let (mut o_got, mut o_want) = (vec![0f32; dv], vec![0f32; dv]);
-                (k.ops.delta_step)(&mut m_got, &q, &kk, &v, decay, beta, &mut o_got);
-                (s.delta_step)(&mut m_want, &q, &kk, &v, decay, beta, &mut o_want);
+                // Odd steps read the state from a copy and write it over stale values: the same
+                // bits as in place.
+                let from = (step % 2 == 1).then(|| m_got.clone());
+                if from.is_some() {
+                    m_got.iter_mut().for_each(|x| *x = f32::NAN);
+                }
+                (k.ops.delta_step)(
+                    from.as_deref(),
+                    &mut m_got,
+                    &q,
+                    &kk,
+                    &v,
+                    decay,
+                    beta,
+                    &mut o_got,
+                );
+                let from = (step % 3 == 2).then(|| m_want.clone());
+                if from.is_some() {
+                    m_want.fill(-1.0);
+                }
+                (s.delta_step)(
+                    from.as_deref(),
+                    &mut m_want,
+                    &q,
+                    &kk,
+                    &v,
+                    decay,
+                    beta,
+                    &mut o_want,
+                );
                 let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                 assert_eq!(
                     bits(&o_got),

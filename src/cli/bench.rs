@@ -255,7 +255,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         } else {
             println!(
                 "\n{} drafts, {nt} threads, at depth {DRAFT_DEPTH} (medians): 1-token step {:.2} ms; \
-                 verifying {} tokens {:.2} ms = {:.2}x; drafting {} {:.2} ms; a speculative step = \
+                 verifying {} tokens and rolling back {:.2} ms = {:.2}x; drafting {} {:.2} ms; a speculative step = \
                  {:.2}x a plain one",
                 c.k,
                 ms(c.plain_ns),

@@ -189,12 +189,13 @@ pub struct OpsFns {
     pub rope: fn(x: &mut [f32], cos: &[f32], sin: &[f32]),
     /// One token of the delta rule on one head's state `m` (`[dv × dk]` row-major, row `j` = value dim
     /// `j`), with `q`, `k` `[dk]`, `v`, `out` `[dv]`: per row, `row ← decay·row`,
-    /// `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`.
+    /// `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`. With `from`, the state before the
+    /// step is read there instead and `m` only written (the same bits as copying it to `m` first).
     pub delta_step: DeltaStep,
 }
 
-/// The signature of [`OpsFns::delta_step`]: `(m, q, k, v, decay, beta, out)`.
-pub type DeltaStep = fn(&mut [f32], &[f32], &[f32], &[f32], f32, f32, &mut [f32]);
+/// The signature of [`OpsFns::delta_step`]: `(from, m, q, k, v, decay, beta, out)`.
+pub type DeltaStep = fn(Option<&[f32]>, &mut [f32], &[f32], &[f32], &[f32], f32, f32, &mut [f32]);
 
 /// Every table this CPU can run, lowest first (always starts with scalar).
 pub fn available() -> Vec<&'static Kernels> {

@@ -72,6 +72,9 @@ thread_local! {
     /// decoding allocates nothing (grown to the largest call; a nested call finds it taken and uses its
     /// own).
     static ACT_BUF: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's `[rows × tokens]` tile of a few-token work item ([`Plan::block`]): kept, so
+    /// that a verification's items do not zero 16 KiB each.
+    static TILE_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
 /// Frees the calling thread's quantized-activation buffer (grown to the largest call, e.g. a
@@ -357,7 +360,8 @@ impl Plan<'_> {
         }
         // The kernels write `[rows × tokens]`; the output is `[tokens × rows]`. A few-token item (decode
         // sized, possibly more than ROW_BLOCK rows) goes through the buffer in pieces.
-        let mut buf = [0f32; ROW_BLOCK * TOKEN_BLOCK];
+        let mut buf = TILE_BUF.take();
+        buf.resize(ROW_BLOCK * TOKEN_BLOCK, 0.0);
         let piece = (buf.len() / tt) / 4 * 4;
         for p0 in (0..rr).step_by(piece) {
             let pr = piece.min(rr - p0);
@@ -373,6 +377,7 @@ impl Plan<'_> {
                 }
             }
         }
+        TILE_BUF.set(buf);
     }
 }
 

@@ -72,8 +72,12 @@ pub fn sigmoid_mul(x: &mut [f32], g: &[f32]) {
 }
 
 /// One token of the delta rule on one head's state `m` (`[dv × dk]`, row `j` = value dim `j`): per row,
-/// `row ← decay·row`, `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`.
+/// `row ← decay·row`, `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`. With `from`, the
+/// state before the step is read from there and the state after it written to `m` (whose contents are
+/// not read): a speculative verification keeps every position's state that way without copying it.
+#[allow(clippy::too_many_arguments)]
 pub fn delta_step(
+    from: Option<&[f32]>,
     m: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -82,15 +86,25 @@ pub fn delta_step(
     beta: f32,
     out: &mut [f32],
 ) {
-    (super::kernels().ops.delta_step)(m, q, k, v, decay, beta, out)
+    (super::kernels().ops.delta_step)(from, m, q, k, v, decay, beta, out)
 }
 
-/// Panics unless the lengths fit one head of [`delta_step`] (`m` = `v.len()` rows of `k.len()`, `q` as
-/// `k`, `out` as `v`); returns `dk`.
-pub(crate) fn check_delta_step(m: &[f32], q: &[f32], k: &[f32], v: &[f32], out: &[f32]) -> usize {
+/// Panics unless the lengths fit one head of [`delta_step`] (`m` = `v.len()` rows of `k.len()`, `from`
+/// as `m`, `q` as `k`, `out` as `v`); returns `dk`.
+pub(crate) fn check_delta_step(
+    from: Option<&[f32]>,
+    m: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+) -> usize {
     let dk = k.len();
     assert!(
-        q.len() == dk && m.len() == v.len() * dk && out.len() == v.len(),
+        q.len() == dk
+            && m.len() == v.len() * dk
+            && out.len() == v.len()
+            && from.is_none_or(|f| f.len() == m.len()),
         "delta_step lengths"
     );
     dk

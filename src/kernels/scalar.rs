@@ -185,9 +185,11 @@ pub fn rope_ref(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// One token of the delta rule on one head ([`OpsFns::delta_step`]): `m` `[dv × dk]`, `q`, `k` `[dk]`,
-/// `v`, `out` `[dv]`.
+/// One token of the delta rule on one head ([`OpsFns::delta_step`]): `m` `[dv × dk]` (read from `from`
+/// when given), `q`, `k` `[dk]`, `v`, `out` `[dv]`.
+#[allow(clippy::too_many_arguments)]
 pub fn delta_step_ref(
+    from: Option<&[f32]>,
     m: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -196,8 +198,17 @@ pub fn delta_step_ref(
     beta: f32,
     out: &mut [f32],
 ) {
-    let dk = check_delta_step(m, q, k, v, out);
-    for ((row, &vj), o) in m.chunks_exact_mut(dk).zip(v).zip(out.iter_mut()) {
+    let dk = check_delta_step(from, m, q, k, v, out);
+    for (j, ((row, &vj), o)) in m
+        .chunks_exact_mut(dk)
+        .zip(v)
+        .zip(out.iter_mut())
+        .enumerate()
+    {
+        if let Some(f) = from {
+            // Row by row, so the copy is still in L1 for the passes below.
+            row.copy_from_slice(&f[j * dk..][..dk]);
+        }
         row.iter_mut().for_each(|s| *s *= decay);
         let delta = beta * (vj - dot(row, k));
         axpy(row, delta, k);

@@ -37,28 +37,27 @@ impl DeltaState {
 
 /// The states after each token but the last of a multi-token call (the state after the last one is
 /// the live state), so that a speculative verification can roll back to any of its tokens without
-/// running them again. Buffers are reused from call to call.
+/// running them again. The delta rule writes each token's state straight into its buffer here (no
+/// copies), and a rollback swaps that buffer with the live one. Buffers are reused from call to call.
 #[derive(Debug, Default)]
 pub struct Checkpoints {
     /// Tokens saved (the call's `T − 1`).
     n: usize,
     /// `[T−1][C·(K−1)]`: the conv state after token t.
     conv: Vec<f32>,
-    /// `[Hv][T−1][dv·dk]`: head h's recurrent state after token t (head-major, so that every head's
-    /// task writes a contiguous part).
-    s: Vec<f32>,
+    /// Per token t < T−1: the recurrent state after it, `[Hv × dv·dk]` as [`DeltaState::s`].
+    s: Vec<Vec<f32>>,
 }
 
 impl Checkpoints {
-    /// Puts `st` back to the state after token `t` of the call that saved these.
-    pub fn restore(&self, st: &mut DeltaState, t: usize, hp: &HParams) {
+    /// Puts `st` back to the state after token `t` of the call that saved these (which are spent:
+    /// the recurrent state's buffer is swapped in, not copied).
+    pub fn restore(&mut self, st: &mut DeltaState, t: usize) {
         assert!(t < self.n, "checkpoint {t} of {}", self.n);
         let cs = st.conv.len();
         st.conv.copy_from_slice(&self.conv[t * cs..][..cs]);
-        let head = hp.d_v * hp.d_k;
-        for (h, dst) in st.s.chunks_exact_mut(head).enumerate() {
-            dst.copy_from_slice(&self.s[(h * self.n + t) * head..][..head]);
-        }
+        std::mem::swap(&mut st.s, &mut self.s[t]);
+        self.n = 0;
     }
 }
 
@@ -126,7 +125,12 @@ pub fn forward(
             cp.n = n_tok - 1;
             let cs = st.conv.len();
             super::grow(&mut cp.conv, cp.n * cs);
-            super::grow(&mut cp.s, hv * cp.n * dv * dk);
+            if cp.s.len() < cp.n {
+                cp.s.resize_with(cp.n, Vec::new);
+            }
+            for s in &mut cp.s[..cp.n] {
+                s.resize(st.s.len(), 0.0);
+            }
             for t in 0..cp.n {
                 let dst = &mut cp.conv[t * cs..][..cs];
                 for ch in 0..c {
@@ -179,14 +183,18 @@ pub fn forward(
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
     let (o_heads, n) = win_space.split_at_mut(hv * n_tok * dv); // [Hv × T × dv]
-    let saved = save.map(|cp| {
-        let len = cp.n * dv * dk;
-        (&mut cp.s[..hv * len], len)
-    });
-    let mut saved_heads: Vec<Option<&mut [f32]>> = match saved {
-        Some((s, len)) if len > 0 => s.chunks_mut(len).map(Some).collect(),
-        _ => (0..hv).map(|_| None).collect(),
-    };
+                                                                // With `save`: per head, its part of every saved token's state.
+    let mut saved_heads: Vec<Option<Vec<&mut [f32]>>> = (0..hv).map(|_| None).collect();
+    if let Some(cp) = save.filter(|cp| cp.n > 0) {
+        saved_heads
+            .iter_mut()
+            .for_each(|h| *h = Some(Vec::with_capacity(cp.n)));
+        for s in &mut cp.s[..cp.n] {
+            for (h, part) in s.chunks_exact_mut(dv * dk).enumerate() {
+                saved_heads[h].as_mut().expect("set above").push(part);
+            }
+        }
+    }
     st.s.par_chunks_mut(dv * dk)
         .zip(o_heads.par_chunks_mut(n_tok * dv))
         .zip(saved_heads.par_iter_mut())
@@ -287,25 +295,31 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
             &x.v[t * dv..][..dv],
         );
         let o = &mut out[t * dv..][..dv];
-        delta_step(m, q, k, v, x.g[t].exp(), x.beta[t], o);
+        delta_step(None, m, q, k, v, x.g[t].exp(), x.beta[t], o);
     }
 }
 
-/// [`recurrent`], copying the state after each token but the last to `saved` (`[T−1][dv·dk]`).
-fn recurrent_saving(m: &mut [f32], x: &Head, out: &mut [f32], saved: &mut [f32]) {
+/// [`recurrent`], leaving the state after each token but the last in `saved[t]` (`T − 1` head states):
+/// token 0 reads `m` and writes `saved[0]`, token t reads `saved[t−1]` and writes `saved[t]`, and the
+/// last token reads `saved[T−2]` and writes `m`. Each state is written once, as in place, and never copied.
+fn recurrent_saving(m: &mut [f32], x: &Head, out: &mut [f32], saved: &mut [&mut [f32]]) {
+    let _ftz = FlushDenormals::new();
     let (dk, dv, n_tok) = (x.dk, x.dv, x.g.len());
+    debug_assert_eq!(saved.len() + 1, n_tok);
     for t in 0..n_tok {
-        let one = Head {
-            q: &x.q[t * dk..][..dk],
-            k: &x.k[t * dk..][..dk],
-            v: &x.v[t * dv..][..dv],
-            g: &x.g[t..t + 1],
-            beta: &x.beta[t..t + 1],
-            ..*x
-        };
-        recurrent(m, &one, &mut out[t * dv..][..dv]);
-        if let Some(dst) = saved.chunks_exact_mut(m.len()).nth(t) {
-            dst.copy_from_slice(m);
+        let (q, k, v) = (
+            &x.q[t * dk..][..dk],
+            &x.k[t * dk..][..dk],
+            &x.v[t * dv..][..dv],
+        );
+        let (decay, beta, o) = (x.g[t].exp(), x.beta[t], &mut out[t * dv..][..dv]);
+        let (before, rest) = saved.split_at_mut(t);
+        let from: Option<&[f32]> = before.last().map(|s| &**s);
+        match (from, rest.first_mut()) {
+            (None, Some(to)) => delta_step(Some(m), to, q, k, v, decay, beta, o),
+            (Some(from), Some(to)) => delta_step(Some(from), to, q, k, v, decay, beta, o),
+            (Some(from), None) => delta_step(Some(from), m, q, k, v, decay, beta, o),
+            (None, None) => delta_step(None, m, q, k, v, decay, beta, o),
         }
     }
 }

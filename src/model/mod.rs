@@ -337,7 +337,7 @@ impl<'m> Session<'m> {
         }
         self.spec.active = false;
         let hp = &self.model.hp;
-        let la = &self.spec;
+        let la = &mut self.spec;
         let (base, a, k) = (la.base, la.next, la.tokens.len() - 1);
         if let Some(dr) = drafter {
             dr.record_spec(a, la.secs);
@@ -347,7 +347,7 @@ impl<'m> Session<'m> {
             for (il, st) in self.layers.iter_mut().enumerate() {
                 match st {
                     LayerState::Attention(kv) => kv.truncate(base + a + 1),
-                    LayerState::DeltaNet(ds) => la.ckpt[il].restore(ds, a, hp),
+                    LayerState::DeltaNet(ds) => la.ckpt[il].restore(ds, a),
                 }
             }
         }

@@ -325,13 +325,19 @@ unsafe fn fold8_like_dot(v: __m256) -> f32 {
 /// One token of the delta rule on one head, bit for bit the reference's operations: the decay and the
 /// update are separate multiplies and adds, each dot product one 8-lane accumulator (the reference's 8
 /// accumulators) folded as the reference folds them. Two passes per state row instead of four, and the
-/// state prefetched [`StreamPrefetch`]'s distance ahead: it comes from memory once per token.
+/// state prefetched [`StreamPrefetch`]'s distance ahead: it comes from memory once per token. The first
+/// pass reads row `j` at `src` and writes it at `dst` (the same pointer for a step in place); the second
+/// reads and writes `dst`.
 ///
 /// # Safety
-/// The CPU must have AVX2; `dk` must be a multiple of 8 and the lengths as `delta_step_ref` checks.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn delta_step_impl(
-    m: &mut [f32],
+/// The CPU must have AVX2; `dk` must be a multiple of 8; `src` and `dst` must each hold `v.len() × dk`
+/// floats (the same ones, or not overlapping), `dst` writable, and `q`, `k`, `out` as `delta_step_ref`
+/// checks.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn delta_step_rows<const STREAMS: usize>(
+    src: *const f32,
+    dst: *mut f32,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -341,16 +347,17 @@ unsafe fn delta_step_impl(
 ) {
     let dk = k.len();
     let dec = _mm256_set1_ps(decay);
-    // The state is one stream: each row's reads request the lines 2 KiB ahead (4 rows at `dk` = 128).
-    let mut pf = StreamPrefetch::new([m.as_ptr() as *const u8]);
+    // Each state is one stream: each row's reads request the lines 2 KiB ahead (4 rows at `dk` = 128).
+    let streams = [src as *const u8, dst as *const u8];
+    let mut pf = StreamPrefetch::<STREAMS>::new(core::array::from_fn(|i| streams[i]));
     for (j, (&vj, o)) in v.iter().zip(out.iter_mut()).enumerate() {
         pf.upto((j + 1) * dk * 4);
-        let row = &mut m[j * dk..(j + 1) * dk];
+        let (from, row) = (src.add(j * dk), dst.add(j * dk));
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;
         while i < dk {
-            let r = _mm256_mul_ps(ld(row, i), dec);
-            st(row, i, r);
+            let r = _mm256_mul_ps(_mm256_loadu_ps(from.add(i)), dec);
+            _mm256_storeu_ps(row.add(i), r);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(r, ld(k, i)));
             i += 8;
         }
@@ -359,8 +366,8 @@ unsafe fn delta_step_impl(
         let mut acc = _mm256_setzero_ps();
         let mut i = 0;
         while i < dk {
-            let r = _mm256_add_ps(ld(row, i), _mm256_mul_ps(delta, ld(k, i)));
-            st(row, i, r);
+            let r = _mm256_add_ps(_mm256_loadu_ps(row.add(i)), _mm256_mul_ps(delta, ld(k, i)));
+            _mm256_storeu_ps(row.add(i), r);
             acc = _mm256_add_ps(acc, _mm256_mul_ps(r, ld(q, i)));
             i += 8;
         }
@@ -368,7 +375,14 @@ unsafe fn delta_step_impl(
     }
 }
 
-fn delta_step(
+/// [`delta_step_rows`] in place (one prefetch stream) or from `from` into `m` (two).
+///
+/// # Safety
+/// As [`delta_step_rows`]; the lengths checked by the caller.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn delta_step_impl(
+    from: Option<&[f32]>,
     m: &mut [f32],
     q: &[f32],
     k: &[f32],
@@ -377,10 +391,29 @@ fn delta_step(
     beta: f32,
     out: &mut [f32],
 ) {
-    if !check_delta_step(m, q, k, v, out).is_multiple_of(8) {
-        return crate::kernels::scalar::delta_step_ref(m, q, k, v, decay, beta, out);
+    let dst = m.as_mut_ptr();
+    match from {
+        Some(f) => delta_step_rows::<2>(f.as_ptr(), dst, q, k, v, decay, beta, out),
+        None => delta_step_rows::<1>(dst, dst, q, k, v, decay, beta, out),
     }
-    // SAFETY: as `rms_norm`; `dk` is a multiple of 8 and the lengths are checked above, so every 8-lane
-    // load and store stays inside its slice (`ld`/`st`); the prefetch addresses are never dereferenced.
-    unsafe { delta_step_impl(m, q, k, v, decay, beta, out) }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn delta_step(
+    from: Option<&[f32]>,
+    m: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    decay: f32,
+    beta: f32,
+    out: &mut [f32],
+) {
+    if !check_delta_step(from, m, q, k, v, out).is_multiple_of(8) {
+        return crate::kernels::scalar::delta_step_ref(from, m, q, k, v, decay, beta, out);
+    }
+    // SAFETY: as `rms_norm`; `dk` is a multiple of 8 and the lengths are checked above (`from`, when
+    // given, is as long as `m`, and a shared slice cannot overlap the `&mut` one), so every 8-lane load
+    // and store stays inside its slice; the prefetch addresses are never dereferenced.
+    unsafe { delta_step_impl(from, m, q, k, v, decay, beta, out) }
 }
