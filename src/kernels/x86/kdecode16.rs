@@ -7,14 +7,20 @@
 //! 1.6× the time of one. Here each block of 16 rows is transposed in registers, as the prefill GEMM
 //! ([`super::kgemm`]) does once per call into a panel: lane `r` of quad vector `q` holds row `r`'s codes
 //! `4q..4q+4`. Per token, 4 activation bytes broadcast from memory meet the 16 rows in one `vpdpbusd`
-//! (64 products), a sub-block's 16 integer sums take their scales in one `vpmulld`, the mins one
-//! `vpdpwssd` per pair of block sums, and no horizontal sums remain. The transpose (32 shuffles per 32
-//! bytes of 16 rows) is paid once per block for all tokens.
+//! (64 products), a sub-block's 16 integer sums take their scales in one convert and one FMA (exact,
+//! see `decode16_q4k`), the mins one `vpdpwssd` per pair of block sums, and no horizontal sums remain.
+//! The transpose (32 shuffles per 32 bytes of 16 rows) is paid once per block for all tokens.
 //!
 //! No software prefetch: the 16 rows are 16 streams (one per stripe, `stripes`), which the hardware
 //! prefetchers follow; `StreamPrefetch`'s instructions cost more than they gained (12288×4096 from memory,
 //! 2 threads, 3 / 4 tokens: 1.34–1.41× / 1.50–1.54× a one-token product with them, 1.22–1.26× /
-//! 1.27–1.33× without). One and two tokens keep the 4-row tiles: per block the transpose costs more
+//! 1.27–1.33× without), and so did three `prefetcht0` per row and block 576, 1152 or 2304 bytes ahead
+//! (3 tokens 1.19–1.20×, 1.26–1.30×, 1.34–1.36× against 1.22–1.25× without).
+//!
+//! From memory the tile waits on the 16 streams more than on its instructions: the float scales and
+//! the asm block of `dots16` made it 11–17 % faster with its rows in L2 (one thread, 256 rows, 3
+//! tokens: 16.8–17.3 → 18.5–19.1 GB/s) and no faster from memory (3 tokens 1.24–1.26× one token before
+//! and after, interleaved). One and two tokens keep the 4-row tiles: per block the transpose costs more
 //! than it saves there (16-row tiles from memory: 1.12× the 4-row time for one token).
 //!
 //! The integer sums per (row, block, token) are the exact i32 values of the other kernels, and the float
@@ -23,7 +29,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kgemm::{dpbusd_bcast, dpwssd_bcast, transpose16x8};
+use super::kgemm::{dpwssd_bcast, transpose16x8};
 use super::kquants::{AB, ABSUMS, AQS};
 use super::{loadu, read_f32};
 
@@ -94,6 +100,62 @@ unsafe fn byte_pair_of(v: __m512i, k: i8) -> __m512i {
     _mm512_shuffle_epi8(v, _mm512_broadcast_i32x4(c))
 }
 
+/// One token's products with a group's 16 quad vectors: `(Σ_m lo[m]·y[4m..4m+4], Σ_m hi[m]·y[32+4m..])`,
+/// each 4 activation bytes broadcast from memory. One asm block, so that the displacements sit in the
+/// instructions: as single `vpdpbusd` calls LLVM formed every address with its own `lea`.
+///
+/// # Safety
+/// The 64 bytes at `y` must be readable; the CPU must have AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dots16(lo: &[__m512i; 8], hi: &[__m512i; 8], y: *const u8) -> (__m512i, __m512i) {
+    let mut il = _mm512_setzero_si512();
+    let mut ih = _mm512_setzero_si512();
+    // SAFETY: the caller guarantees the 64 bytes at `y` are readable and the CPU features (AVX-512
+    // VNNI); the block reads only those bytes and writes only `il` and `ih`.
+    unsafe {
+        core::arch::asm!(
+            "vpdpbusd {il}, {l0}, dword ptr [{y}]{{1to16}}",
+            "vpdpbusd {ih}, {h0}, dword ptr [{y} + 32]{{1to16}}",
+            "vpdpbusd {il}, {l1}, dword ptr [{y} + 4]{{1to16}}",
+            "vpdpbusd {ih}, {h1}, dword ptr [{y} + 36]{{1to16}}",
+            "vpdpbusd {il}, {l2}, dword ptr [{y} + 8]{{1to16}}",
+            "vpdpbusd {ih}, {h2}, dword ptr [{y} + 40]{{1to16}}",
+            "vpdpbusd {il}, {l3}, dword ptr [{y} + 12]{{1to16}}",
+            "vpdpbusd {ih}, {h3}, dword ptr [{y} + 44]{{1to16}}",
+            "vpdpbusd {il}, {l4}, dword ptr [{y} + 16]{{1to16}}",
+            "vpdpbusd {ih}, {h4}, dword ptr [{y} + 48]{{1to16}}",
+            "vpdpbusd {il}, {l5}, dword ptr [{y} + 20]{{1to16}}",
+            "vpdpbusd {ih}, {h5}, dword ptr [{y} + 52]{{1to16}}",
+            "vpdpbusd {il}, {l6}, dword ptr [{y} + 24]{{1to16}}",
+            "vpdpbusd {ih}, {h6}, dword ptr [{y} + 56]{{1to16}}",
+            "vpdpbusd {il}, {l7}, dword ptr [{y} + 28]{{1to16}}",
+            "vpdpbusd {ih}, {h7}, dword ptr [{y} + 60]{{1to16}}",
+            il = inout(zmm_reg) il,
+            ih = inout(zmm_reg) ih,
+            l0 = in(zmm_reg) lo[0],
+            l1 = in(zmm_reg) lo[1],
+            l2 = in(zmm_reg) lo[2],
+            l3 = in(zmm_reg) lo[3],
+            l4 = in(zmm_reg) lo[4],
+            l5 = in(zmm_reg) lo[5],
+            l6 = in(zmm_reg) lo[6],
+            l7 = in(zmm_reg) lo[7],
+            h0 = in(zmm_reg) hi[0],
+            h1 = in(zmm_reg) hi[1],
+            h2 = in(zmm_reg) hi[2],
+            h3 = in(zmm_reg) hi[3],
+            h4 = in(zmm_reg) hi[4],
+            h5 = in(zmm_reg) hi[5],
+            h6 = in(zmm_reg) hi[6],
+            h7 = in(zmm_reg) hi[7],
+            y = in(reg) y,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    (il, ih)
+}
+
 /// `T` tokens × 16 Q4_K rows (`w[r]`, `nb` blocks each), returned as `[row][token]`.
 ///
 /// # Safety
@@ -147,7 +209,13 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
             _mm512_slli_epi32::<4>(_mm512_and_si512(_mm512_srli_epi32::<6>(u1), k3)),
         );
 
-        let mut s = [zero; T];
+        // Σ scale·sum per (row, token) in f32, exactly: every product (|sum| ≤ 32·15·128, scale ≤ 63) is
+        // an integer below 2²², and the chunks of groups 0–1 and of groups 2–3 each add up to at most
+        // 4·32·15·128·63 < 2²⁴, so `sa`, `sb` hold the exact integers and `sa + sb` rounds the exact
+        // block sum once, as `cvtepi32_ps` of the other kernels' i32 sum does: the same bits for two
+        // µops per chunk fewer than `vpmulld` (2) + `vpaddd`.
+        let mut sa = [_mm512_setzero_ps(); T];
+        let mut sb = [_mm512_setzero_ps(); T];
         // Group j: qs bytes 32j..32j+32, low nibbles are chunk 2j, high nibbles chunk 2j + 1.
         for j in 0..4 {
             let x = load_transpose(p.add(16 + 32 * j), &off);
@@ -159,9 +227,9 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
                     byte_of(s47, 2 * j as u32 - 3),
                 )
             };
-            // The high nibbles stay in place (16× their codes): chunk 2j's scale is taken ×16 instead,
-            // and the block's sum divided by 16 at the end (exact).
-            let sc_lo = _mm512_slli_epi32::<4>(sc_lo);
+            // The high nibbles stay in place (16× their codes): their scale is taken /16 (exact).
+            let sc_lo = _mm512_cvtepi32_ps(sc_lo);
+            let sc_hi = _mm512_mul_ps(_mm512_cvtepi32_ps(sc_hi), _mm512_set1_ps(1.0 / 16.0));
             let mut lo = [zero; 8];
             let mut hi = [zero; 8];
             for m in 0..8 {
@@ -170,15 +238,10 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
             }
             for t in 0..T {
                 // Chunk 2j: activation quads 16j..16j+8; chunk 2j + 1: 16j+8..16j+16.
-                let y = ab[t].add(AQS + 64 * j);
-                let mut il = zero;
-                let mut ih = zero;
-                for m in 0..8 {
-                    il = dpbusd_bcast(il, lo[m], y.add(4 * m));
-                    ih = dpbusd_bcast(ih, hi[m], y.add(32 + 4 * m));
-                }
-                s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(il, sc_lo));
-                s[t] = _mm512_add_epi32(s[t], _mm512_mullo_epi32(ih, sc_hi));
+                let (il, ih) = dots16(&lo, &hi, ab[t].add(AQS + 64 * j));
+                let acc = if j < 2 { &mut sa[t] } else { &mut sb[t] };
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(il), sc_lo, *acc);
+                *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ih), sc_hi, *acc);
             }
         }
         // Σ min·bsum per (row, token): block sums 2i, 2i+1 (16 elements each) belong to sub-block i.
@@ -193,8 +256,8 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
                 mm = dpwssd_bcast(mm, *c, ab[t].add(ABSUMS + 4 * i));
             }
             let dy = _mm512_set1_ps(read_f32(ab[t]));
-            let st = _mm512_srai_epi32::<4>(s[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(st), _mm512_mul_ps(d, dy), acc[t]);
+            let st = _mm512_add_ps(sa[t], sb[t]);
+            acc[t] = _mm512_fmadd_ps(st, _mm512_mul_ps(d, dy), acc[t]);
             acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mm), _mm512_mul_ps(dmin, dy), acc[t]);
         }
     }

@@ -389,12 +389,6 @@ dot_bcast!(
     "vpdpwssd"
 );
 
-dot_bcast!(
-    /// `acc + Σ₄ a·b` per i32 lane (u8 × i8), `b` the 4 bytes at `p` broadcast to every lane.
-    dpbusd_bcast,
-    "vpdpbusd"
-);
-
 #[inline(always)]
 pub(super) unsafe fn shl(v: __m512i, n: i32) -> __m512i {
     _mm512_sll_epi32(v, _mm_cvtsi32_si128(n))
