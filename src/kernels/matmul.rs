@@ -372,8 +372,8 @@ impl Plan<'_> {
                 let o = unsafe {
                     std::slice::from_raw_parts_mut(self.out.0.add((t0 + t) * n_out + r0 + p0), pr)
                 };
-                for (r, o) in o.iter_mut().enumerate() {
-                    *o = tile[r * tt + t];
+                for (o, v) in o.iter_mut().zip(tile[t..].iter().step_by(tt)) {
+                    *o = *v;
                 }
             }
         }

@@ -301,28 +301,55 @@ pub fn recurrent(m: &mut [f32], x: &Head, out: &mut [f32]) {
 
 /// [`recurrent`], leaving the state after each token but the last in `saved[t]` (`T − 1` head states):
 /// token 0 reads `m` and writes `saved[0]`, token t reads `saved[t−1]` and writes `saved[t]`, and the
-/// last token reads `saved[T−2]` and writes `m`. Each state is written once, as in place, and never copied.
+/// last token reads `saved[T−2]` and writes `m`. Each state is written once, as in place, and never
+/// copied. The value dims (state rows) are independent, so the tokens run over blocks of
+/// [`SAVE_ROWS`] rows, which stay in L1 from one token to the next: the state is read from memory once
+/// for all tokens instead of once per token. Every row gets the same operations as token by token.
 fn recurrent_saving(m: &mut [f32], x: &Head, out: &mut [f32], saved: &mut [&mut [f32]]) {
     let _ftz = FlushDenormals::new();
     let (dk, dv, n_tok) = (x.dk, x.dv, x.g.len());
     debug_assert_eq!(saved.len() + 1, n_tok);
-    for t in 0..n_tok {
-        let (q, k, v) = (
-            &x.q[t * dk..][..dk],
-            &x.k[t * dk..][..dk],
-            &x.v[t * dv..][..dv],
-        );
-        let (decay, beta, o) = (x.g[t].exp(), x.beta[t], &mut out[t * dv..][..dv]);
-        let (before, rest) = saved.split_at_mut(t);
-        let from: Option<&[f32]> = before.last().map(|s| &**s);
-        match (from, rest.first_mut()) {
-            (None, Some(to)) => delta_step(Some(m), to, q, k, v, decay, beta, o),
-            (Some(from), Some(to)) => delta_step(Some(from), to, q, k, v, decay, beta, o),
-            (Some(from), None) => delta_step(Some(from), m, q, k, v, decay, beta, o),
-            (None, None) => delta_step(None, m, q, k, v, decay, beta, o),
+    let decay: Vec<f32> = x.g.iter().map(|g| g.exp()).collect();
+    for j0 in (0..dv).step_by(SAVE_ROWS) {
+        let nr = SAVE_ROWS.min(dv - j0);
+        let rows = j0 * dk..(j0 + nr) * dk;
+        for t in 0..n_tok {
+            let (q, k, v) = (
+                &x.q[t * dk..][..dk],
+                &x.k[t * dk..][..dk],
+                &x.v[t * dv + j0..][..nr],
+            );
+            let (beta, o) = (x.beta[t], &mut out[t * dv + j0..][..nr]);
+            let (before, rest) = saved.split_at_mut(t);
+            let from = before.last().map(|s| &s[rows.clone()]);
+            let (d, b) = (decay[t], beta);
+            match (from, rest.first_mut()) {
+                // Token 0 reads the live state.
+                (None, Some(to)) => delta_step(
+                    Some(&m[rows.clone()]),
+                    &mut to[rows.clone()],
+                    q,
+                    k,
+                    v,
+                    d,
+                    b,
+                    o,
+                ),
+                (Some(from), Some(to)) => {
+                    delta_step(Some(from), &mut to[rows.clone()], q, k, v, d, b, o)
+                }
+                (Some(from), None) => {
+                    delta_step(Some(from), &mut m[rows.clone()], q, k, v, d, b, o)
+                }
+                (None, None) => delta_step(None, &mut m[rows.clone()], q, k, v, d, b, o),
+            }
         }
     }
 }
+
+/// State rows per block of [`recurrent_saving`]: 16 rows of `dk` = 128 are 8 KiB, so the block read and
+/// its writes for 3 tokens fit in L1.
+const SAVE_ROWS: usize = 16;
 
 /// The chunked (WY / UT-transform) form of the same recurrence, spec §4, chunks of `chunk` tokens
 /// (the last one shorter instead of zero-padded: padding rows would not change anything).
