@@ -1111,11 +1111,21 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 (8, 1, 2, Fill::High),
                 (12, 1, 1, Fill::Ones),
             ];
-            for (rows, n_tok, blocks, fill) in cases {
+            // Largest codes against constant activations (every Q8_K value −128): the largest
+            // integer sums a sub-block can reach, which must not overflow any narrower form.
+            let extreme = [(18, 11, 2, Fill::Ones), (16, 9, 1, Fill::High)];
+            for (case, (rows, n_tok, blocks, fill)) in cases.into_iter().chain(extreme).enumerate()
+            {
                 let n = blocks * bs;
                 let mut rng = Rng(ti as u64 * 977 + rows as u64 * 13 + n_tok as u64);
                 let w = weight_rows(ty, rows, n, fill, &mut rng);
-                let x = activations(n_tok, n, &mut rng);
+                let x = if case >= cases.len() {
+                    (0..n_tok * n)
+                        .map(|i| if (i / n) % 2 == 0 { 1.0 } else { -0.5 })
+                        .collect()
+                } else {
+                    activations(n_tok, n, &mut rng)
+                };
                 let qa = quantize_acts(ty, &x, n);
                 let mut want = vec![0f32; rows * n_tok]; // [rows × n_tok]
                 (k.quant_rows)(ty, &w, &qa, n_tok, &mut want);

@@ -311,11 +311,31 @@ unsafe fn tile<K: KFormat, const T: usize>(
     let zero = _mm512_setzero_si512();
     // Quads per sub-block, sub-blocks per block.
     let (qps, n_sub) = if K::SCALES16 { (4, 16) } else { (8, 8) };
+    let chain = i16_chain::<K>(qps);
     let mut acc = [_mm512_setzero_ps(); T];
     for (b, pb) in panel.iter().enumerate() {
         let ab: [*const u8; T] = core::array::from_fn(|t| a[t].add(b * AB));
         let mut s = [zero; T];
         for j in 0..n_sub {
+            if let Some(n_chains) = qps.checked_div(chain) {
+                // The scale as the i16 pair (sc, 0): `vpdpwssd` then adds isum·sc for an isum that is
+                // its own low i16 (sign-extended), exactly as `vpmulld` + `vpaddd` did.
+                let sc = _mm512_and_si512(pb.sc[j], _mm512_set1_epi32(0xFFFF));
+                for c in 0..n_chains {
+                    let mut isum = [zero; T];
+                    for q in j * qps + c * chain..j * qps + (c + 1) * chain {
+                        let wq = pb.codes[q];
+                        for t in 0..T {
+                            let y = _mm512_set1_epi32(read_u32(ab[t].add(AQS + 4 * q)) as i32);
+                            isum[t] = _mm512_dpbusd_epi32(isum[t], wq, y);
+                        }
+                    }
+                    for t in 0..T {
+                        s[t] = dpwssd(s[t], isum[t], sc);
+                    }
+                }
+                continue;
+            }
             let mut isum = [zero; T];
             for q in j * qps..(j + 1) * qps {
                 let wq = pb.codes[q];
@@ -351,6 +371,44 @@ unsafe fn tile<K: KFormat, const T: usize>(
     for (o, v) in out.iter().zip(&acc) {
         _mm512_mask_storeu_ps(*o, mask, *v);
     }
+}
+
+/// Quads per integer sum in [`tile`] when a sub-block's sums can take their scale with `vpdpwssd`
+/// (one µop) instead of `vpmulld` (two) + `vpaddd`: the sum of `4·n` products of a code
+/// (`0..2^CODE_BITS`) and a Q8_K value (`−128..=127`) fits an i16 for `n` quads, and the sub-block's
+/// `qps` quads split into at most two such sums. 0: the format keeps `vpmulld` (Q5_K, Q6_K).
+const fn i16_chain<K: KFormat>(qps: usize) -> usize {
+    let per_quad = 4 * 128 * ((1usize << K::CODE_BITS) - 1);
+    let n = i16::MAX as usize / per_quad;
+    if n >= qps {
+        qps
+    } else if 2 * n >= qps && qps.is_multiple_of(2) {
+        qps / 2
+    } else {
+        0
+    }
+}
+
+/// `acc + Σ₂ a·b` over the i16 pairs of each i32 lane, as one `vpdpwssd` (LLVM's generic tuning splits
+/// the intrinsic into `vpmaddwd` + `vpaddd`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F and VNNI.
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register operands only; the caller guarantees the CPU features.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
 }
 
 /// A VNNI dot product whose second operand is 4 bytes at `p` broadcast to every lane, as one fused µop
