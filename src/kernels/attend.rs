@@ -366,6 +366,11 @@ impl<U> Default for Gathered<U> {
 }
 
 impl<U: Copy + bytemuck::Zeroable> Gathered<U> {
+    /// Drops the block held, keeping the buffer.
+    pub(crate) fn forget(&mut self) {
+        (self.at, self.n) = (0, 0);
+    }
+
     pub(crate) fn rows<B>(
         &mut self,
         src: &[B],

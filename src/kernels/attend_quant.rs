@@ -6,6 +6,8 @@
 //! buffer; the softmax weights and the weighted sums of values are the table's f32 steps. No widened
 //! copy of the cache is made. The streaming softmax is [`attend`](super::attend)'s grouped body.
 
+use std::cell::Cell;
+
 use bytemuck::Zeroable;
 
 use super::attend::{body_grouped, Gathered, KvPages, KvStore, BLOCK, GROUP};
@@ -41,6 +43,20 @@ fn extend_blocks<B: BlockFormat>(dst: &mut Vec<B>, src: &[f32]) {
     let at = dst.len();
     dst.resize(at + src.len() / B::BLOCK, B::zeroed());
     B::quantize(src, &mut dst[at..]);
+}
+
+/// The buffers of one [`attend_quant_many_with`] call, kept per thread so that decoding (a call per
+/// layer and KV head) neither allocates nor zero-fills them: the quantized queries, a block's gathered
+/// key rows (as bytes, whatever the block type) and its dequantized value rows.
+#[derive(Default)]
+struct Scratch {
+    queries: Vec<BlockQ8_0>,
+    keys: Gathered<u8>,
+    vals: Gathered<f32>,
+}
+
+thread_local! {
+    static SCRATCH: Cell<Scratch> = Cell::new(Scratch::default());
 }
 
 /// `out = Σ_τ softmax_τ(scale · q·k_τ) v_τ` over `τ < n_ctx` for a cache of blocks `B` (`kv`'s stride
@@ -105,16 +121,27 @@ pub fn attend_quant_many_with<B: KvBlock>(
     );
     let nb = hd / B::BLOCK;
     kv.check(nb, n_ctx.iter().copied().max().unwrap_or(0));
+    let mut scratch = SCRATCH.take();
+    let Scratch {
+        queries: qq,
+        keys,
+        vals,
+    } = &mut scratch;
+    // A block is known by its address, which a later call may see again with other rows in it (a
+    // cache cut back and refilled): nothing gathered in an earlier call is reused.
+    keys.forget();
+    vals.forget();
     // Every query quantized to Q8_0 once.
-    let mut qq = vec![BlockQ8_0::zeroed(); nb * nq];
+    if qq.len() < nb * nq {
+        qq.resize(nb * nq, BlockQ8_0::zeroed());
+    }
     for (q, qq) in qs.chunks_exact(hd).zip(qq.chunks_exact_mut(nb)) {
         (k.quantize_act)(GgmlType::Q8_0, q, bytemuck::cast_slice_mut(qq));
     }
     // A block's key rows gathered back to back (a page interleaves the KV heads), so that one
     // `quant_rows` call dots them with a whole group of queries; and its value rows dequantized. Both
     // are made once per block, on its first group, and serve every group after it.
-    let mut keys = Gathered::<B>::default();
-    let mut vals = Gathered::<f32>::default();
+    let row_bytes = nb * core::mem::size_of::<B>();
     let mut dots = [0f32; BLOCK * GROUP];
     body_grouped(
         qs,
@@ -124,11 +151,13 @@ pub fn attend_quant_many_with<B: KvBlock>(
         out,
         |i0, group, key: &[B], stride, s, r| {
             let g = group.len() / hd;
-            let rows = keys.rows(key, stride, r, nb, nb, |row, dst| dst.copy_from_slice(row));
+            let rows = keys.rows(key, stride, r, nb, row_bytes, |row, dst| {
+                dst.copy_from_slice(bytemuck::cast_slice(row))
+            });
             let qi: &[u8] = bytemuck::cast_slice(&qq[i0 * nb..(i0 + g) * nb]);
             let d = &mut dots[..r * g];
             // `quant_rows` gives every (row, query) the bits of a one-row, one-query call.
-            (k.quant_rows)(B::TYPE, bytemuck::cast_slice(rows), qi, g, d);
+            (k.quant_rows)(B::TYPE, rows, qi, g, d);
             for (j, s) in s.iter_mut().enumerate() {
                 for (t, s) in s[..r].iter_mut().enumerate() {
                     *s = d[t * g + j];
@@ -140,5 +169,6 @@ pub fn attend_quant_many_with<B: KvBlock>(
             let rows = vals.rows(v, stride, r, nb, hd, |row, dst| B::dequantize(row, dst));
             (k.attend_steps.values)(outs, w, rows, hd, r)
         },
-    )
+    );
+    SCRATCH.set(scratch);
 }
