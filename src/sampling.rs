@@ -273,6 +273,24 @@ pub fn argmax(cands: &[Candidate]) -> Option<u32> {
     argmax_of(cands.iter().copied())
 }
 
+/// The whole vocabulary as candidates in id order, the `banned` ids at −∞.
+fn candidates(logits: &[f32], banned: &[u32]) -> Vec<Candidate> {
+    let mut cands: Vec<Candidate> = logits
+        .iter()
+        .enumerate()
+        .map(|(i, &logit)| Candidate {
+            id: i as u32,
+            logit,
+        })
+        .collect();
+    for &id in banned {
+        if let Some(c) = cands.get_mut(id as usize) {
+            c.logit = f32::NEG_INFINITY;
+        }
+    }
+    cands
+}
+
 /// [`argmax`] over candidates as they come.
 fn argmax_of(cands: impl Iterator<Item = Candidate>) -> Option<u32> {
     let mut best: Option<Candidate> = None;
@@ -374,7 +392,7 @@ impl Sampler {
         let p = &self.params;
         if p.temperature <= 0.0 && !p.penalties_active() {
             // Greedy without penalties: the same argmax, without a 248k-candidate copy of the logits
-            // (2 MiB on the heap at a long prompt's memory peak). `banned` is sorted.
+            // (2 MiB per token). `banned` is sorted.
             let mut next_banned = self.banned.iter().copied().peekable();
             let cands = logits.iter().enumerate().map(|(i, &logit)| {
                 let id = i as u32;
@@ -387,19 +405,7 @@ impl Sampler {
             });
             return argmax_of(cands).unwrap_or(0);
         }
-        let mut cands: Vec<Candidate> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &logit)| Candidate {
-                id: i as u32,
-                logit,
-            })
-            .collect();
-        for &id in &self.banned {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.logit = f32::NEG_INFINITY;
-            }
-        }
+        let mut cands = candidates(logits, &self.banned);
         if p.penalties_active() {
             apply_penalties(
                 &mut cands,
@@ -616,17 +622,7 @@ mod tests {
         ] {
             let mut s = Sampler::new(SamplingParams::greedy());
             s.set_banned(banned.clone());
-            let mut cands: Vec<Candidate> = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &logit)| Candidate {
-                    id: i as u32,
-                    logit,
-                })
-                .collect();
-            for &b in &banned {
-                cands[b as usize].logit = f32::NEG_INFINITY;
-            }
+            let cands = candidates(&logits, &banned);
             assert_eq!(Some(s.sample(&logits)), argmax(&cands), "banned {banned:?}");
         }
     }

@@ -183,7 +183,8 @@ pub fn forward(
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
     let (o_heads, n) = win_space.split_at_mut(hv * n_tok * dv); // [Hv × T × dv]
-                                                                // With `save`: per head, its part of every saved token's state.
+
+    // With `save`: per head, its part of every saved token's state.
     let mut saved_heads: Vec<Option<Vec<&mut [f32]>>> = (0..hv).map(|_| None).collect();
     if let Some(cp) = save.filter(|cp| cp.n > 0) {
         saved_heads
