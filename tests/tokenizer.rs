@@ -111,7 +111,7 @@ fn qwen35_vocab_metadata_and_examples() {
     // Decomposed é (no NFC): e + U+0301. (The fixture README's value; spec §5.2 quotes 53839.)
     assert_eq!(tok.encode("e\u{301}", false).unwrap(), vec![68, 52033]);
     assert_eq!(tok.token_text(1814), Some("Ġworld"));
-    assert_eq!(tok.token_to_piece(1814, false), b" world");
+    assert_eq!(&*tok.token_to_piece(1814, false), b" world");
     // UNUSED ids and ids out of range decode to nothing.
     assert_eq!(tok.decode(&[248100, 999_999], true), "");
 }

@@ -43,7 +43,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         writeln!(out, "{}", list.join(" "))?;
     } else {
         for &id in &ids {
-            let piece = String::from_utf8_lossy(tok.token_to_piece(id, true));
+            let bytes = tok.token_to_piece(id, true);
+            let piece = String::from_utf8_lossy(&bytes);
             writeln!(out, "{id:6} -> '{piece}'")?;
         }
     }

@@ -184,7 +184,7 @@ fn mask_matches_brute_force() {
             if tok.is_eog(id) {
                 break;
             }
-            text.extend_from_slice(tok.token_to_piece(id, false));
+            text.extend_from_slice(&tok.token_to_piece(id, false));
         }
     }
 }
@@ -256,7 +256,7 @@ fn thinking_is_free_and_the_answer_is_not() {
         .collect();
     assert!(!allowed.is_empty());
     for id in allowed {
-        assert!(b"yes".starts_with(tok.token_to_piece(id, false)), "{id}");
+        assert!(b"yes".starts_with(&tok.token_to_piece(id, false)), "{id}");
     }
 }
 

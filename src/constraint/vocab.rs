@@ -37,7 +37,9 @@ impl TokenEnv {
 fn token_bytes(tok: &Tokenizer, id: u32) -> Vec<u8> {
     match tok.token_type(id) {
         None => Vec::new(),
-        Some(TokenType::Normal) | Some(TokenType::Byte) => tok.token_to_piece(id, false).to_vec(),
+        Some(TokenType::Normal) | Some(TokenType::Byte) => {
+            tok.token_to_piece(id, false).into_owned()
+        }
         Some(_) => {
             let mut b = vec![TokTrie::SPECIAL_TOKEN_MARKER];
             b.extend_from_slice(tok.token_text(id).unwrap_or("").as_bytes());

@@ -844,7 +844,7 @@ fn tokenize_sync(st: &AppState, body: Result<Bytes, BytesRejection>) -> Result<R
         ids.iter()
             .map(|&id| {
                 let piece = tok.token_to_piece(id, true);
-                let p = match std::str::from_utf8(piece) {
+                let p = match std::str::from_utf8(&piece) {
                     Ok(s) => json!(s),
                     Err(_) => json!(piece),
                 };
@@ -1134,7 +1134,7 @@ struct Meta {
 
 fn completion_logprobs(st: &AppState, lps: &[TokenLogprob], offset: &mut usize) -> Value {
     let tok = st.engine.tok;
-    let piece = |id: u32| String::from_utf8_lossy(tok.token_to_piece(id, false)).into_owned();
+    let piece = |id: u32| String::from_utf8_lossy(&tok.token_to_piece(id, false)).into_owned();
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut top = Vec::new();
@@ -1432,7 +1432,7 @@ fn chat_logprobs(st: &AppState, lps: &[TokenLogprob]) -> Vec<Value> {
     let entry = |id: u32, lp: f32| {
         let bytes = tok.token_to_piece(id, true);
         json!({
-            "token": String::from_utf8_lossy(bytes),
+            "token": String::from_utf8_lossy(&bytes),
             "logprob": lp,
             "bytes": bytes,
         })

@@ -13,13 +13,15 @@
 //! USER_DEFINED tokens are copied as they are, CONTROL / UNKNOWN tokens appear only when `special` is
 //! asked for, and UNUSED / BYTE / undefined ones never.
 //!
-//! Memory: the 248k-token vocabulary's strings and pieces in two contiguous tables, a sorted index for
-//! lookups by text, and the 500k merges in one hash table: about 25 MB in all, where the `tokenizers`
+//! Memory: the 248k-token vocabulary's strings in one contiguous table (pieces are decoded from them
+//! when asked for), a sorted index for lookups by text, and the 500k merges in compressed rows: about
+//! 13 MB in all, where the `tokenizers`
 //! crate's BPE model held about 90 MB (its vocabulary twice as maps of heap strings, and the merges).
 //! [`Tokenizer`] is `Send + Sync`, so a caller can build it on a thread while it loads the weights.
 
 mod bpe;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -166,7 +168,6 @@ fn byte_level_decode(text: &str, inv: &[i16; 0x144], out: &mut Vec<u8>) {
 /// The per-token tables, built in one pass over the token strings.
 struct Tables {
     texts: ByteTable,
-    pieces: ByteTable,
     types: Vec<TokenType>,
     specials: Vec<SpecialToken>,
 }
@@ -186,24 +187,14 @@ impl Tables {
         if n > u32::MAX as usize {
             return Err(TokenizerError::Invalid("too many tokens".into()));
         }
-        let inv = char_to_byte_table();
         let mut texts = ByteTable::with_capacity(n, n * 8);
-        let mut pieces = ByteTable::with_capacity(n, n * 6);
         let mut specials = Vec::new();
-        let mut scratch = Vec::with_capacity(64);
         for (id, text) in texts_iter.enumerate() {
             let text = text?;
             let ty = *types
                 .get(id)
                 .ok_or_else(|| TokenizerError::Invalid(format!("more than {n} tokens")))?;
             texts.push(text.as_bytes());
-            if ty == TokenType::Normal {
-                scratch.clear();
-                byte_level_decode(text, &inv, &mut scratch);
-                pieces.push(&scratch);
-            } else {
-                pieces.push(text.as_bytes());
-            }
             if matches!(
                 ty,
                 TokenType::Control | TokenType::UserDefined | TokenType::Unknown
@@ -224,7 +215,6 @@ impl Tables {
         }
         Ok(Tables {
             texts,
-            pieces,
             types,
             specials,
         })
@@ -248,8 +238,9 @@ pub struct Tokenizer {
     texts: ByteTable,
     /// Token ids ordered by their string (then id), for lookups by text.
     by_text: Vec<u32>,
-    /// What each token decodes to (byte map undone for NORMAL tokens; the text for the others).
-    pieces: ByteTable,
+    /// The byte each char of NORMAL tokens' strings stands for (-1: kept as UTF-8). Pieces are
+    /// decoded when asked for rather than stored: a second table would cost 2.7 MB of resident memory.
+    char_to_byte: [i16; 0x144],
     types: Vec<TokenType>,
     /// CONTROL / USER_DEFINED / UNKNOWN tokens, longest text first.
     specials: Vec<SpecialToken>,
@@ -375,7 +366,6 @@ impl Tokenizer {
     ) -> Result<Tokenizer, TokenizerError> {
         let Tables {
             texts,
-            pieces,
             types,
             mut specials,
         } = tables;
@@ -435,7 +425,7 @@ impl Tokenizer {
             bpe,
             texts,
             by_text,
-            pieces,
+            char_to_byte: char_to_byte_table(),
             types,
             specials,
             special_ids,
@@ -613,13 +603,26 @@ impl Tokenizer {
     /// What `id` decodes to, as bytes (may be part of a UTF-8 sequence). `special`: render CONTROL
     /// and UNKNOWN tokens as their text (llama.cpp's `special` flag); otherwise they are empty.
     /// Ids out of range decode to nothing.
-    pub fn token_to_piece(&self, id: u32, special: bool) -> &[u8] {
+    pub fn token_to_piece(&self, id: u32, special: bool) -> Cow<'_, [u8]> {
+        let text = || self.texts.get(id as usize);
         match self.types.get(id as usize) {
-            Some(TokenType::Normal) | Some(TokenType::UserDefined) => self.pieces.get(id as usize),
-            Some(TokenType::Control) | Some(TokenType::Unknown) if special => {
-                self.pieces.get(id as usize)
+            Some(TokenType::Normal) => {
+                let text = text();
+                // '!'..='~' stand for themselves in the byte map.
+                if text.iter().all(|b| (b'!'..=b'~').contains(b)) {
+                    return Cow::Borrowed(text);
+                }
+                let mut out = Vec::with_capacity(text.len());
+                match std::str::from_utf8(text) {
+                    Ok(text) => byte_level_decode(text, &self.char_to_byte, &mut out),
+                    // Unreachable: the table is filled from `&str`s.
+                    Err(_) => out.extend_from_slice(text),
+                }
+                Cow::Owned(out)
             }
-            _ => &[],
+            Some(TokenType::UserDefined) => Cow::Borrowed(text()),
+            Some(TokenType::Control) | Some(TokenType::Unknown) if special => Cow::Borrowed(text()),
+            _ => Cow::Borrowed(&[]),
         }
     }
 
@@ -627,7 +630,7 @@ impl Tokenizer {
     pub fn decode_bytes(&self, ids: &[u32], special: bool) -> Vec<u8> {
         let mut out = Vec::new();
         for &id in ids {
-            out.extend_from_slice(self.token_to_piece(id, special));
+            out.extend_from_slice(&self.token_to_piece(id, special));
         }
         out
     }
@@ -733,7 +736,7 @@ impl StreamDecoder {
     /// Adds one token; returns the text that is now complete (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
         let piece = tok.token_to_piece(id, self.special);
-        self.push_bytes(piece)
+        self.push_bytes(&piece)
     }
 
     /// Adds raw bytes; returns the text that is now complete.
