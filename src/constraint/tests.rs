@@ -168,7 +168,7 @@ fn mask_matches_brute_force() {
                     language.iter().any(|s| s.as_bytes() == text)
                 } else if plain && !bytes.is_empty() {
                     let mut t = text.clone();
-                    t.extend_from_slice(bytes);
+                    t.extend_from_slice(&bytes);
                     language.iter().any(|s| s.as_bytes().starts_with(&t))
                 } else {
                     false
