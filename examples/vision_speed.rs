@@ -229,7 +229,16 @@ fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     write_mmproj(&path, &s, ty)?;
     let f = mmproj::open(&path)?;
-    let model = VisionModel::load(&f)?;
+    let mut model = VisionModel::load(&f)?;
+    // ARITH=f32|bf16|auto (default auto).
+    if let Ok(a) = std::env::var("ARITH") {
+        model.arith = clap::ValueEnum::from_str(&a, true).map_err(anyhow::Error::msg)?;
+    }
+    eprintln!(
+        "arithmetic: {:?} (bf16 in use: {})",
+        model.arith,
+        model.uses_bf16()
+    );
     println!(
         "{size} tower, {ty} matrices: {:.0} MiB written and loaded in {:.1} s",
         std::fs::metadata(&path)?.len() as f64 / (1 << 20) as f64,

@@ -13,7 +13,7 @@
 #   llama-mtmd-cli -m MODEL --mmproj MMPROJ --image IMG -p describe -n 1 -t T
 #     ("image slice encoded in N ms", or in llama.cpp 0c1e57098 "mtmd batch encoding done in N ms")
 # each under /usr/bin/time -v (peak RSS of the whole process: text model, mmproj and buffers), and prints
-# the medians. T = threads (default 2); TYPE = the mmproj's matrix type (default f16). LLAMA_BIN_DIR
+# the medians. DELTAQ_ARGS: extra deltaq flags (e.g. --image-arith bf16). T = threads (default 2); TYPE = the mmproj's matrix type (default f16). LLAMA_BIN_DIR
 # defaults to target/llama-bench/build/bin (tools/llama-bench-build.sh); without llama-mtmd-cli there,
 # only deltaq runs. Logs stay in $WORK/logs.
 set -euo pipefail
@@ -62,7 +62,7 @@ run_one() { # TOOL ROUND -> appends "TOOL encode_ms rss_kib" to $WORK/results
   local tool=$1 log="$WORK/logs/$1-$2.log"
   case $tool in
     deltaq) /usr/bin/time -v "$deltaq" run -m "$model" --mmproj "$mmproj" --image "$img" \
-              -p describe -n 1 -t "$T" --temp 0 >"$log" 2>&1 ;;
+              -p describe -n 1 -t "$T" --temp 0 ${DELTAQ_ARGS:-} >"$log" 2>&1 ;;
     llama) /usr/bin/time -v "$mtmd" -m "$model" --mmproj "$mmproj" --image "$img" \
               -p describe -n 1 -t "$T" --temp 0 >"$log" 2>&1 ;;
   esac

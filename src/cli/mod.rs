@@ -156,6 +156,17 @@ pub struct ImageArgs {
     /// Most tokens an image becomes (default: the mmproj's, else 4096)
     #[arg(long = "image-max-tokens", value_name = "N")]
     pub max_tokens: Option<usize>,
+    /// Arithmetic of the vision tower's matrix products: auto (bf16 where the CPU has AVX512-BF16 and the
+    /// mmproj's matrices are bf16 values, as in F16/BF16 files of the released checkpoints; else f32),
+    /// f32, or bf16 (activations rounded to bf16, as transformers runs the model in bf16; about twice as
+    /// fast as f32)
+    #[arg(
+        long = "image-arith",
+        value_enum,
+        default_value_t,
+        value_name = "ARITH"
+    )]
+    pub arith: deltaq::vision::tower::Arith,
 }
 
 impl ImageArgs {
@@ -187,8 +198,15 @@ impl ImageArgs {
             .mmproj
             .as_deref()
             .unwrap_or(std::path::Path::new("mmproj"));
-        deltaq::vision::encoder::ImageEncoder::new(mmproj, n_embd, self.min_tokens, self.max_tokens)
-            .with_context(|| format!("mmproj {}", name.display()))
+        let mut enc = deltaq::vision::encoder::ImageEncoder::new(
+            mmproj,
+            n_embd,
+            self.min_tokens,
+            self.max_tokens,
+        )
+        .with_context(|| format!("mmproj {}", name.display()))?;
+        enc.model.arith = self.arith;
+        Ok(enc)
     }
 }
 

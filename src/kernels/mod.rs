@@ -6,6 +6,7 @@
 mod arm;
 pub mod attend;
 pub mod attend_quant;
+pub mod bf16_gemm;
 mod dispatch;
 pub mod fgemm;
 pub mod fpenv;

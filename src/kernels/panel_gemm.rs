@@ -18,7 +18,7 @@ use std::cell::Cell;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 
-use super::{kernels, Isa, Kernels, Weight};
+use super::{bf16_gemm, kernels, Isa, Kernels, Weight};
 use crate::quant::{self, GgmlType};
 
 /// Columns per packed panel.
@@ -461,6 +461,62 @@ pub fn matmul_weight(w: &Weight, x: &[f32], n_rows: usize, out: &mut [f32]) -> R
                 )
             };
             WEIGHT_BUFS.set((rows, packed));
+            Ok(())
+        })
+}
+
+thread_local! {
+    /// A worker's widened weight rows and their bf16 panels, kept from one call to the next.
+    static BF16_BUFS: Cell<(Vec<f32>, Vec<u32>)> = const { Cell::new((Vec::new(), Vec::new())) };
+}
+
+/// [`matmul_weight`] in bf16 arithmetic ([`bf16_gemm`]): `x` is the activations already rounded to bf16
+/// pairs (`[n_rows × pairs(n_in)]`, [`bf16_gemm::to_pairs`]); each work item rounds its weight rows to
+/// bf16 (exactly, for weights that are bf16 values) and packs them.
+pub fn matmul_weight_bf16(w: &Weight, x: &[u32], n_rows: usize, out: &mut [f32]) -> Result<()> {
+    let (k, n_out) = (w.n_in, w.n_out);
+    let k2 = bf16_gemm::pairs(k);
+    if !supports(w.ty) {
+        bail!("{}: type {} has no f32 widening", w.name, w.ty);
+    }
+    anyhow::ensure!(
+        x.len() == n_rows * k2
+            && out.len() == n_rows * n_out
+            && w.ty.row_bytes(k as u64).map(|b| b as usize * n_out) == Some(w.data.len()),
+        "{}: matmul_weight_bf16 shapes",
+        w.name
+    );
+    if n_rows == 0 || n_out == 0 {
+        return Ok(());
+    }
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..n_out.div_ceil(NC))
+        .into_par_iter()
+        .try_for_each(|item| -> Result<()> {
+            let (j0, nc) = (item * NC, NC.min(n_out - item * NC));
+            let (mut rows, mut packed) = BF16_BUFS.take();
+            rows.resize(nc * k, 0.0);
+            packed.resize(bf16_gemm::packed_len(nc, k), 0);
+            for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
+                widen_row(w.ty, w.row(j0 + j), dst)?;
+            }
+            bf16_gemm::pack_transposed(nc, k, &rows, k, &mut packed);
+            // SAFETY: `out` is `[n_rows × n_out]` (checked above) and borrowed mutably for the whole call;
+            // this item alone accesses columns `j0..j0 + nc` of its rows.
+            unsafe {
+                bf16_gemm::gemm_raw(
+                    n_rows,
+                    nc,
+                    k2,
+                    x,
+                    k2,
+                    &packed,
+                    out_ptr.get().add(j0),
+                    n_out,
+                    false,
+                )
+            };
+            BF16_BUFS.set((rows, packed));
             Ok(())
         })
 }

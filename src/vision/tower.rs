@@ -13,22 +13,44 @@
 //! attention is two packed f32 GEMMs per head and block of queries, the blocks spread over the threads.
 
 use std::cell::Cell;
+use std::sync::OnceLock;
 
 use anyhow::{ensure, Result};
 use rayon::prelude::*;
 
 use super::mmproj::{VisionHParams, VisionWeights, LN_EPS, ROPE_THETA};
 use crate::gguf::GgufFile;
+use crate::kernels::bf16_gemm;
 use crate::kernels::fpenv::FlushDenormals;
 use crate::kernels::panel_gemm::{
-    gemm_packed, matmul_weight, pack_rows, pack_transposed, packed_len,
+    gemm_packed, matmul_weight, matmul_weight_bf16, pack_rows, pack_transposed, packed_len,
 };
 use crate::kernels::{kernels, matmul, ops, Weight};
+use crate::quant::GgmlType;
 
 /// The tower: hyperparameters and weights (views into the mmproj mapping).
 pub struct VisionModel<'a> {
     pub hp: VisionHParams,
     pub w: VisionWeights<'a>,
+    /// How the blocks and the merger multiply (the patch embedding stays in f32).
+    pub arith: Arith,
+    /// [`Arith::Auto`]'s choice, made at the first image (it reads every matrix).
+    bf16_exact: OnceLock<bool>,
+}
+
+/// The arithmetic of the tower's matrix products.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arith {
+    /// bf16 where the CPU multiplies bf16 pairs (AVX512-BF16) and every matrix of the file is a bf16
+    /// value (F16 / BF16 files converted from the models' BF16 checkpoints are), else f32: the default.
+    /// An F32 mmproj stays f32.
+    #[default]
+    Auto,
+    /// f32 throughout (weights widened exactly, activations unrounded).
+    F32,
+    /// Activations, and weights that are not bf16 values, rounded to bf16; products and sums in f32
+    /// (as transformers runs the models in bf16). f32 where the CPU has no AVX512-BF16.
+    Bf16,
 }
 
 /// Buffers of one forward pass, grown to the largest image seen and reused.
@@ -49,6 +71,9 @@ pub struct VisionScratch {
     /// `[N × hd/2]` cosines and sines of each patch's rotary angles.
     cos: Vec<f32>,
     sin: Vec<f32>,
+    /// bf16 arithmetic: a matrix product's input as bf16 pairs, and the packed keys and values.
+    pairs: Vec<u32>,
+    kv16: Vec<u32>,
 }
 
 impl VisionScratch {
@@ -80,6 +105,8 @@ fn packed_kv_len(n: usize, hd: usize) -> (usize, usize) {
 thread_local! {
     /// A worker's attention scores, kept from one call to the next.
     static SCORES: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The same for [`VisionModel::attention_bf16`], with the queries' or the weights' bf16 pairs.
+    static SCORES16: Cell<(Vec<f32>, Vec<u32>)> = const { Cell::new((Vec::new(), Vec::new())) };
 }
 
 impl<'a> VisionModel<'a> {
@@ -87,12 +114,54 @@ impl<'a> VisionModel<'a> {
     pub fn load(f: &'a GgufFile) -> Result<VisionModel<'a>> {
         let hp = VisionHParams::from_gguf(f)?;
         let w = VisionWeights::load(f, &hp)?;
-        Ok(VisionModel { hp, w })
+        Ok(VisionModel {
+            hp,
+            w,
+            arith: Arith::default(),
+            bf16_exact: OnceLock::new(),
+        })
     }
 
     /// See [`VisionHParams::check_text_model`].
     pub fn check_text_model(&self, n_embd_text: usize) -> Result<()> {
         self.hp.check_text_model(n_embd_text)
+    }
+
+    /// Whether the blocks and the merger run in bf16 ([`Arith`]).
+    pub fn uses_bf16(&self) -> bool {
+        match self.arith {
+            Arith::F32 => false,
+            Arith::Bf16 => bf16_gemm::available(),
+            Arith::Auto => {
+                bf16_gemm::available() && *self.bf16_exact.get_or_init(|| self.matrices_are_bf16())
+            }
+        }
+    }
+
+    /// Every block and merger matrix is F16 or BF16 and each value is a bf16 value.
+    fn matrices_are_bf16(&self) -> bool {
+        let w = &self.w;
+        let mats = w
+            .blocks
+            .iter()
+            .flat_map(|b| [&b.qkv, &b.out, &b.fc1, &b.fc2])
+            .chain([&w.mm0, &w.mm2]);
+        mats.collect::<Vec<_>>().par_iter().all(|m| match m.ty {
+            GgmlType::BF16 => true,
+            // A normal f16 (or inf / NaN) is a bf16 value when its 3 lowest mantissa bits are 0; a
+            // subnormal one when its f32 widening has 16 trailing zero bits.
+            GgmlType::F16 => m.data.par_chunks(1 << 16).all(|c| {
+                c.chunks_exact(2).all(|h| {
+                    let b = u16::from_le_bytes([h[0], h[1]]);
+                    if b & 0x7c00 != 0 {
+                        b & 7 == 0
+                    } else {
+                        half::f16::from_bits(b).to_f32().to_bits() & 0xffff == 0
+                    }
+                })
+            }),
+            _ => false,
+        })
     }
 
     /// Merged tokens an image of `grid_h × grid_w` patches becomes.
@@ -144,6 +213,7 @@ impl<'a> VisionModel<'a> {
         );
         let (d, hd, ff) = (hp.n_embd, hp.head_dim, hp.n_ff);
         let w = &self.w;
+        let bf16 = self.uses_bf16();
         for (v, len) in [
             (&mut s.x, n * d),
             (&mut s.h, n * d),
@@ -162,7 +232,7 @@ impl<'a> VisionModel<'a> {
         let (x, h) = (&mut s.x[..n * d], &mut s.h[..n * d]);
 
         // Patch embedding + position embedding: x = P·Wᵀ + b + pos   [N × D]
-        linear(&w.patch_matrix(hp), &w.patch_b, pixel_values, n, x)?;
+        linear(&w.patch_matrix(hp), &w.patch_b, pixel_values, n, x, None)?;
         self.position_embeddings(grid_h, grid_w, h);
         tap(VisionTap::PositionEmbeddings(&*h));
         add_rows(x, h);
@@ -172,19 +242,27 @@ impl<'a> VisionModel<'a> {
         let qkv = &mut s.qkv[..n * 3 * d];
         let attn = &mut s.attn[..n * d];
         let fh = &mut s.ffn[..n * ff];
+        let pairs = &mut s.pairs;
+        let mut lin = |w: &Weight, b: &[f32], x: &[f32], n: usize, out: &mut [f32]| {
+            linear(w, b, x, n, out, bf16.then_some(&mut *pairs))
+        };
         for (il, b) in w.blocks.iter().enumerate() {
             // x += proj(attn(LN1(x)))
             layer_norm_rows(x, &b.ln1_w, &b.ln1_b, h);
-            linear(&b.qkv, &b.qkv_b, h, n, qkv)?;
+            lin(&b.qkv, &b.qkv_b, h, n, qkv)?;
             self.rotate_qk(qkv, &s.cos, &s.sin);
-            self.attention(qkv, n, &mut s.kv, attn);
-            linear(&b.out, &b.out_b, attn, n, h)?;
+            if bf16 {
+                self.attention_bf16(qkv, n, &mut s.kv16, attn);
+            } else {
+                self.attention(qkv, n, &mut s.kv, attn);
+            }
+            lin(&b.out, &b.out_b, attn, n, h)?;
             add_rows(x, h);
             // x += fc2(gelu_tanh(fc1(LN2(x))))
             layer_norm_rows(x, &b.ln2_w, &b.ln2_b, h);
-            linear(&b.fc1, &b.fc1_b, h, n, fh)?;
+            lin(&b.fc1, &b.fc1_b, h, n, fh)?;
             fh.par_chunks_mut(ff).for_each(ops::gelu_tanh_in_place);
-            linear(&b.fc2, &b.fc2_b, fh, n, h)?;
+            lin(&b.fc2, &b.fc2_b, fh, n, h)?;
             add_rows(x, h);
             tap(VisionTap::Hidden {
                 block: il + 1,
@@ -197,10 +275,10 @@ impl<'a> VisionModel<'a> {
         layer_norm_rows(x, &w.post_ln_w, &w.post_ln_b, h);
         let (nm, md) = (n / (m * m), hp.merged_dim());
         let merged = &mut s.ffn[..nm * md];
-        linear(&w.mm0, &w.mm0_b, h, nm, merged)?;
+        lin(&w.mm0, &w.mm0_b, h, nm, merged)?;
         merged.par_chunks_mut(md).for_each(ops::gelu_erf_in_place);
         let mut out = vec![0f32; nm * hp.n_out];
-        linear(&w.mm2, &w.mm2_b, merged, nm, &mut out)?;
+        lin(&w.mm2, &w.mm2_b, merged, nm, &mut out)?;
         Ok(out)
     }
 
@@ -329,13 +407,74 @@ impl<'a> VisionModel<'a> {
                 SCORES.set(scores);
             });
     }
+
+    /// [`Self::attention`] in bf16: queries, keys, the unnormalized softmax weights and values rounded to
+    /// bf16, the scores and outputs summed in f32 (the scale applied to the scores, the outputs divided by
+    /// the weights' sums).
+    fn attention_bf16(&self, qkv: &[f32], n: usize, kv: &mut Vec<u32>, out: &mut [f32]) {
+        let (d, hd, nh) = (self.hp.n_embd, self.hp.head_dim, self.hp.n_head);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let (kl, vl) = (bf16_gemm::packed_len(n, hd), bf16_gemm::packed_len(hd, n));
+        let (hd2, n2) = (bf16_gemm::pairs(hd), bf16_gemm::pairs(n));
+        kv.resize(nh * (kl + vl), 0);
+        kv.par_chunks_mut(kl + vl)
+            .enumerate()
+            .for_each(|(head, kv)| {
+                let (kp, vp) = kv.split_at_mut(kl);
+                bf16_gemm::pack_transposed(n, hd, &qkv[d + head * hd..], 3 * d, kp);
+                bf16_gemm::pack_rows(hd, n, &qkv[2 * d + head * hd..], 3 * d, vp);
+            });
+        let kv = &*kv;
+        out.par_chunks_mut(QUERY_BLOCK * d)
+            .enumerate()
+            .for_each(|(blk, out)| {
+                let _ftz = FlushDenormals::new();
+                let (t0, rows) = (blk * QUERY_BLOCK, out.len() / d);
+                let (mut scores, mut pairs) = SCORES16.take();
+                scores.resize(QUERY_BLOCK * n, 0.0);
+                pairs.resize(QUERY_BLOCK * n2.max(hd2), 0);
+                let sc = &mut scores[..rows * n];
+                let mut sums = [0f32; QUERY_BLOCK];
+                for head in 0..nh {
+                    let (kp, vp) = kv[head * (kl + vl)..][..kl + vl].split_at(kl);
+                    // S = scale · Q_h K_hᵀ   [rows × N]
+                    let q = &qkv[t0 * 3 * d + head * hd..];
+                    bf16_gemm::rows_to_pairs(rows, hd, q, 3 * d, &mut pairs);
+                    bf16_gemm::gemm(rows, n, hd2, &pairs, hd2, kp, sc, n, false);
+                    // E = exp(scale·(S − max)) per row, as bf16 pairs, and its row sums.
+                    for (r, row) in sc.chunks_exact(n).enumerate() {
+                        sums[r] = bf16_gemm::softmax_pairs(row, scale, &mut pairs[r * n2..]);
+                    }
+                    // O_h = E · V_h / sums   [rows × hd] into this head's columns of `out`.
+                    let o = &mut out[head * hd..];
+                    bf16_gemm::gemm(rows, hd, n2, &pairs, n2, vp, o, d, false);
+                    for (r, &sum) in sums[..rows].iter().enumerate() {
+                        o[r * d..][..hd].iter_mut().for_each(|v| *v /= sum);
+                    }
+                }
+                SCORES16.set((scores, pairs));
+            });
+    }
 }
 
 /// `out = x·Wᵀ + b` for `n` rows: K-quant weights through the table's int8 prefill GEMM, the rest
-/// widened to f32 ([`matmul_weight`]).
-fn linear(w: &Weight, b: &[f32], x: &[f32], n: usize, out: &mut [f32]) -> Result<()> {
+/// widened to f32 ([`matmul_weight`]), or with `pairs` (a buffer for `x` as bf16 pairs) in bf16
+/// ([`matmul_weight_bf16`]).
+fn linear(
+    w: &Weight,
+    b: &[f32],
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    pairs: Option<&mut Vec<u32>>,
+) -> Result<()> {
     if kernels().quant_gemm.is_some_and(|g| (g.supports)(w.ty)) {
         matmul(w, x, n, out);
+    } else if let Some(pairs) = pairs {
+        let k2 = bf16_gemm::pairs(w.n_in);
+        pairs.resize(n * k2, 0);
+        bf16_gemm::to_pairs(n, w.n_in, x, w.n_in, pairs);
+        matmul_weight_bf16(w, &pairs[..n * k2], n, out)?;
     } else {
         matmul_weight(w, x, n, out)?;
     }
