@@ -3,7 +3,7 @@
 //!
 //! Writes an mmproj GGUF with the Qwen3.5 tower's tensor names, metadata and shapes (0.8b: depth 12,
 //! width 768, 12 heads, FFN 3072, output 1024; 9b: depth 27, width 1152, 16 heads, FFN 4304, output
-//! 4096) and random weights of unit-activation scale, matrices in TYPE (f16 by default, as
+//! 4096) and random weights of unit-activation scale (bf16 values, as in the released checkpoints), matrices in TYPE (f16 by default, as
 //! `convert_hf_to_gguf.py --mmproj` writes them; f32, bf16, q8_0, ...; a matrix whose rows the type's
 //! blocks do not divide stays F16, as llama-quantize falls back), norms, biases and the position table
 //! F32. Then encodes an image of GRID patches (env `GRID=HxW`, default 48x64: a 1024 × 768 image, 768
@@ -13,6 +13,7 @@
 use std::time::Instant;
 
 use deltaq::gguf::{GgufWriter, OwnedValue, TensorSpec, ValueType};
+use deltaq::kernels::bf16_gemm::bf16_rne;
 use deltaq::quant::{self, GgmlType};
 use deltaq::vision::mmproj;
 use deltaq::vision::tower::{VisionModel, VisionScratch};
@@ -184,7 +185,10 @@ fn write_mmproj(path: &std::path::Path, s: &Shape, ty: GgmlType) -> anyhow::Resu
         let mut vals = vec![0f32; row];
         let mut bytes = vec![0u8; spec.ty.row_bytes(row as u64).unwrap() as usize];
         for _ in 0..spec.n_elements() as usize / row {
-            vals.iter_mut().for_each(|v| *v = rng.next(init));
+            // bf16 values, as in the released BF16 checkpoints that F16 mmproj files are converted from.
+            vals.iter_mut().for_each(|v| {
+                *v = f32::from_bits((bf16_rne(rng.next(init)) as u32) << 16);
+            });
             quant::quantize_row(spec.ty, &vals, &mut bytes)?;
             out.write_all(&bytes)?;
         }

@@ -486,23 +486,8 @@ mod x86 {
             row!(10);
             row!(11);
         }
-        let mask = |h: usize| -> __mmask16 {
-            let n = x.cols.saturating_sub(16 * h).min(16);
-            ((1u32 << n) - 1) as __mmask16
-        };
-        for (r, acc) in acc.iter().enumerate() {
-            for (h, &v) in acc.iter().enumerate() {
-                // SAFETY: the mask covers columns < cols of row r < rows, inside C's checked extent.
-                let o = x.c.add(r * x.ldc + 16 * h);
-                let m = mask(h);
-                let v = if x.load_c {
-                    _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), v)
-                } else {
-                    v
-                };
-                _mm512_mask_storeu_ps(o, m, v);
-            }
-        }
+        // SAFETY: rows R ≤ rows and columns < cols of the tile, inside C's checked extent.
+        crate::kernels::panel_gemm::x86::store_tile(&acc, x.cols, x.c, x.ldc, x.load_c);
     }
 }
 

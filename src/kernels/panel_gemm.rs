@@ -259,14 +259,14 @@ mod generic {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use core::arch::x86_64::*;
 
     use super::{Tile, NR};
 
     /// Up to 12 rows × 32 columns: 24 accumulators, each step two panel loads and one broadcast per row.
     #[target_feature(enable = "avx2,fma,avx512f")]
-    pub unsafe fn tile_avx512(x: &Tile) {
+    pub(super) unsafe fn tile_avx512(x: &Tile) {
         #[target_feature(enable = "avx2,fma,avx512f")]
         unsafe fn run<const R: usize>(x: &Tile) {
             debug_assert!(x.a.len() >= (R - 1) * x.lda + x.kc && x.b.len() >= x.kc * NR);
@@ -302,30 +302,43 @@ mod x86 {
                 row!(10);
                 row!(11);
             }
-            let mask = |h: usize| -> __mmask16 {
-                let n = x.cols.saturating_sub(16 * h).min(16);
-                ((1u32 << n) - 1) as __mmask16
-            };
-            let masks = [mask(0), mask(1)];
-            for (r, acc) in acc.iter().enumerate() {
-                for (h, &v) in acc.iter().enumerate() {
-                    // SAFETY: the mask covers columns < cols of row r < rows, inside C's checked extent.
-                    let o = x.c.add(r * x.ldc + 16 * h);
-                    let v = if x.load_c {
-                        _mm512_add_ps(_mm512_maskz_loadu_ps(masks[h], o), v)
-                    } else {
-                        v
-                    };
-                    _mm512_mask_storeu_ps(o, masks[h], v);
-                }
-            }
+            // SAFETY: rows R ≤ rows and columns < cols of the tile, inside C's checked extent.
+            store_tile(&acc, x.cols, x.c, x.ldc, x.load_c);
         }
         by_rows!(run, x, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12])
     }
 
+    /// Writes a register tile's `R × 16·H` accumulators to `C` at `c` (row stride `ldc`), columns ≥ `cols`
+    /// masked off, adding to what is there with `load_c`.
+    ///
+    /// # Safety
+    /// AVX-512F; rows `< R` and columns `< cols` at `c` are valid for reads and writes.
+    #[inline(always)]
+    pub(crate) unsafe fn store_tile<const R: usize, const H: usize>(
+        acc: &[[__m512; H]; R],
+        cols: usize,
+        c: *mut f32,
+        ldc: usize,
+        load_c: bool,
+    ) {
+        for (r, acc) in acc.iter().enumerate() {
+            for (h, &v) in acc.iter().enumerate() {
+                let m = ((1u32 << cols.saturating_sub(16 * h).min(16)) - 1) as __mmask16;
+                // SAFETY: the mask covers columns < cols of row r < R (the caller's extent).
+                let o = c.add(r * ldc + 16 * h);
+                let v = if load_c {
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(m, o), v)
+                } else {
+                    v
+                };
+                _mm512_mask_storeu_ps(o, m, v);
+            }
+        }
+    }
+
     /// Up to 6 rows × 16 columns (each half panel in turn): 12 accumulators.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile_avx2(x: &Tile) {
+    pub(super) unsafe fn tile_avx2(x: &Tile) {
         #[target_feature(enable = "avx2,fma")]
         unsafe fn run<const R: usize>(x: &Tile) {
             debug_assert!(x.a.len() >= (R - 1) * x.lda + x.kc && x.b.len() >= x.kc * NR);
