@@ -14,6 +14,8 @@
 //! blocks added in order, as in `panel_gemm`; [`gemm_ref`] is the scalar reference. Rounding to bf16
 //! ([`bf16_rne`]) is `vcvtne2ps2bf16`'s: nearest even, subnormals to zero, NaN kept quiet.
 
+use std::sync::OnceLock;
+
 use rayon::prelude::*;
 
 /// Columns per packed panel.
@@ -22,19 +24,22 @@ pub const NR: usize = 32;
 /// Pairs of steps per pass over `A` (256 steps, as `panel_gemm`).
 const KC2: usize = 128;
 
-/// Whether this CPU runs the kernels (AVX-512F and VL with AVX512-BF16). Elsewhere the reference stands in for
-/// them, so the functions stay correct, but callers should keep the f32 path there.
+/// Whether the kernels run: the AVX-512 kernel table is in use (the best this CPU has, unless
+/// `DELTAQ_ISA` chose another; it implies AVX2, FMA and AVX512-VL) and the CPU has AVX512-BF16;
+/// decided once. Elsewhere the
+/// reference stands in for them, so the functions stay correct, but callers should keep the f32 path.
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx512vl")
-            && is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            super::kernels().isa == super::Isa::Avx512 && is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
 }
 
 /// `x` rounded to bf16 (the bits): nearest even, subnormals to signed zero, NaN quiet.
@@ -59,14 +64,15 @@ pub fn packed_len(n: usize, k: usize) -> usize {
     n.div_ceil(NR) * NR * pairs(k)
 }
 
-/// `dst [m × pairs(k)]` = rows `src[i·ld ..][..k]` rounded to bf16 pairs.
+/// `dst [m × pairs(k)]` = rows `src[i·ld ..][..k]` rounded to bf16 pairs, blocks of rows over the rayon
+/// pool.
 pub fn to_pairs(m: usize, k: usize, src: &[f32], ld: usize, dst: &mut [u32]) {
-    let k2 = pairs(k);
-    assert!(m == 0 || (ld >= k && src.len() >= (m - 1) * ld + k) && dst.len() >= m * k2);
-    dst[..m * k2]
-        .par_chunks_mut(k2.max(1))
+    const ROWS: usize = 16;
+    let k2 = pairs(k).max(1);
+    dst[..m * pairs(k)]
+        .par_chunks_mut(ROWS * k2)
         .enumerate()
-        .for_each(|(i, d)| row_to_pairs(&src[i * ld..][..k], d));
+        .for_each(|(b, d)| rows_to_pairs(d.len() / k2, k, &src[b * ROWS * ld..], ld, d));
 }
 
 /// [`to_pairs`] on the calling thread (inside a work item).
@@ -105,7 +111,7 @@ pub fn softmax_pairs(x: &[f32], scale: f32, dst: &mut [u32]) -> f32 {
     assert!(dst.len() >= pairs(x.len()));
     #[cfg(target_arch = "x86_64")]
     if available() {
-        // SAFETY: AVX512-BF16 (with AVX-512F, so AVX2 and FMA) was detected; `dst` holds pairs(len) u32.
+        // SAFETY: `available` implies AVX2, FMA, AVX512-VL and AVX512-BF16; `dst` holds pairs(len) u32.
         return unsafe { x86::softmax_pairs(x, scale, dst) };
     }
     softmax_pairs_ref(x, scale, dst)
@@ -341,21 +347,9 @@ mod x86 {
     /// formula.
     #[target_feature(enable = "avx2,fma,avx512f,avx512bf16,avx512vl")]
     pub unsafe fn softmax_pairs(x: &[f32], scale: f32, dst: &mut [u32]) -> f32 {
-        use crate::kernels::x86::ops::exp_ps;
-        let n = x.len();
-        let n8 = n / 8 * 8;
-        let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
-        for i in (0..n8).step_by(8) {
-            // SAFETY: i + 8 ≤ n.
-            mv = _mm256_max_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv);
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-        let max = lanes
-            .iter()
-            .chain(&x[n8..])
-            .copied()
-            .fold(f32::NEG_INFINITY, f32::max);
+        use crate::kernels::x86::ops::{exp_ps, max_of};
+        let n8 = x.len() / 8 * 8;
+        let max = max_of(x);
         let (s, m) = (_mm256_set1_ps(scale), _mm256_set1_ps(max * scale));
         let mut acc = _mm256_setzero_ps();
         for i in (0..n8).step_by(8) {
@@ -365,6 +359,7 @@ mod x86 {
             let h: __m128i = core::mem::transmute(_mm256_cvtneps_pbh(e));
             _mm_storeu_si128(dst.as_mut_ptr().add(i / 2).cast(), h);
         }
+        let mut lanes = [0f32; 8];
         _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
         let mut sum: f32 = lanes.iter().sum();
         let tail: Vec<f32> = x[n8..]

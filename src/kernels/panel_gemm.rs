@@ -422,81 +422,61 @@ pub fn supports(ty: GgmlType) -> bool {
 }
 
 thread_local! {
-    /// A worker's widened weight rows and their packed panels, kept from one call to the next.
-    static WEIGHT_BUFS: Cell<(Vec<f32>, Vec<f32>)> = const { Cell::new((Vec::new(), Vec::new())) };
+    /// A worker's widened weight rows and their packed panels (f32, or bf16 pairs), kept from one call
+    /// to the next.
+    static WEIGHT_BUFS: Cell<(Vec<f32>, Vec<f32>, Vec<u32>)> =
+        const { Cell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
 /// `out [n_rows × n_out] = x [n_rows × n_in] · Wᵀ` for a weight of any type [`supports`] takes, in f32
 /// (quantized weights dequantized exactly, activations not quantized), over the rayon pool: work items of
 /// [`NC`] output columns, each widening and packing its weight rows once for all `n_rows`.
 pub fn matmul_weight(w: &Weight, x: &[f32], n_rows: usize, out: &mut [f32]) -> Result<()> {
-    let (k, n_out) = (w.n_in, w.n_out);
-    if !supports(w.ty) {
-        bail!("{}: type {} has no f32 widening", w.name, w.ty);
-    }
-    anyhow::ensure!(
-        x.len() == n_rows * k
-            && out.len() == n_rows * n_out
-            && w.ty.row_bytes(k as u64).map(|b| b as usize * n_out) == Some(w.data.len()),
-        "{}: matmul_weight shapes",
-        w.name
-    );
-    if n_rows == 0 || n_out == 0 {
-        return Ok(());
-    }
-    let out_ptr = OutPtr(out.as_mut_ptr());
-    let items = n_out.div_ceil(NC);
-    (0..items)
-        .into_par_iter()
-        .try_for_each(|item| -> Result<()> {
-            let (j0, nc) = (item * NC, NC.min(n_out - item * NC));
-            let (mut rows, mut packed) = WEIGHT_BUFS.take();
-            rows.resize(nc * k, 0.0);
-            packed.resize(packed_len(nc, k), 0.0);
-            for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
-                widen_row(w.ty, w.row(j0 + j), dst)?;
-            }
-            pack_transposed(nc, k, &rows, k, &mut packed);
-            // SAFETY: `out` is `[n_rows × n_out]` (checked above) and borrowed mutably for the whole call;
-            // this item alone accesses columns `j0..j0 + nc` of its rows.
-            unsafe {
-                gemm_packed_raw(
-                    kernels(),
-                    n_rows,
-                    nc,
-                    k,
-                    x,
-                    k,
-                    &packed,
-                    out_ptr.get().add(j0),
-                    n_out,
-                    false,
-                )
-            };
-            WEIGHT_BUFS.set((rows, packed));
-            Ok(())
-        })
-}
-
-thread_local! {
-    /// A worker's widened weight rows and their bf16 panels, kept from one call to the next.
-    static BF16_BUFS: Cell<(Vec<f32>, Vec<u32>)> = const { Cell::new((Vec::new(), Vec::new())) };
+    let k = w.n_in;
+    by_column_blocks(w, x.len(), n_rows * k, n_rows, out, |rows, nc, bufs, c| {
+        let packed = &mut bufs.1;
+        packed.resize(packed_len(nc, k), 0.0);
+        pack_transposed(nc, k, rows, k, packed);
+        // SAFETY: `c` is this item's columns of `out` (see `by_column_blocks`).
+        unsafe { gemm_packed_raw(kernels(), n_rows, nc, k, x, k, packed, c, w.n_out, false) };
+    })
 }
 
 /// [`matmul_weight`] in bf16 arithmetic ([`bf16_gemm`]): `x` is the activations already rounded to bf16
 /// pairs (`[n_rows × pairs(n_in)]`, [`bf16_gemm::to_pairs`]); each work item rounds its weight rows to
 /// bf16 (exactly, for weights that are bf16 values) and packs them.
 pub fn matmul_weight_bf16(w: &Weight, x: &[u32], n_rows: usize, out: &mut [f32]) -> Result<()> {
+    let (k, k2) = (w.n_in, bf16_gemm::pairs(w.n_in));
+    by_column_blocks(w, x.len(), n_rows * k2, n_rows, out, |rows, nc, bufs, c| {
+        let packed = &mut bufs.2;
+        packed.resize(bf16_gemm::packed_len(nc, k), 0);
+        bf16_gemm::pack_transposed(nc, k, rows, k, packed);
+        // SAFETY: `c` is this item's columns of `out` (see `by_column_blocks`).
+        unsafe { bf16_gemm::gemm_raw(n_rows, nc, k2, x, k2, packed, c, w.n_out, false) };
+    })
+}
+
+/// The frame of [`matmul_weight`] and [`matmul_weight_bf16`]: checks the shapes (`x_len` against
+/// `want_x`), then over the rayon pool, per block of [`NC`] output columns, widens the weight's rows to
+/// f32 and hands them (`[nc × n_in]`), the worker's buffers and `out` at the block's first column to
+/// `product`, which writes the block's columns of every row (row stride `n_out`).
+fn by_column_blocks(
+    w: &Weight,
+    x_len: usize,
+    want_x: usize,
+    n_rows: usize,
+    out: &mut [f32],
+    product: impl Fn(&[f32], usize, &mut (Vec<f32>, Vec<f32>, Vec<u32>), *mut f32) + Sync,
+) -> Result<()> {
     let (k, n_out) = (w.n_in, w.n_out);
-    let k2 = bf16_gemm::pairs(k);
     if !supports(w.ty) {
         bail!("{}: type {} has no f32 widening", w.name, w.ty);
     }
     anyhow::ensure!(
-        x.len() == n_rows * k2
+        x_len == want_x
             && out.len() == n_rows * n_out
             && w.ty.row_bytes(k as u64).map(|b| b as usize * n_out) == Some(w.data.len()),
-        "{}: matmul_weight_bf16 shapes",
+        "{}: matmul_weight shapes",
         w.name
     );
     if n_rows == 0 || n_out == 0 {
@@ -507,30 +487,22 @@ pub fn matmul_weight_bf16(w: &Weight, x: &[u32], n_rows: usize, out: &mut [f32])
         .into_par_iter()
         .try_for_each(|item| -> Result<()> {
             let (j0, nc) = (item * NC, NC.min(n_out - item * NC));
-            let (mut rows, mut packed) = BF16_BUFS.take();
+            let mut bufs = WEIGHT_BUFS.take();
+            let mut rows = std::mem::take(&mut bufs.0);
             rows.resize(nc * k, 0.0);
-            packed.resize(bf16_gemm::packed_len(nc, k), 0);
-            for (j, dst) in rows.chunks_exact_mut(k).enumerate() {
-                widen_row(w.ty, w.row(j0 + j), dst)?;
+            let widened = rows
+                .chunks_exact_mut(k)
+                .enumerate()
+                .try_for_each(|(j, dst)| widen_row(w.ty, w.row(j0 + j), dst));
+            if widened.is_ok() {
+                // `out` is `[n_rows × n_out]` (checked above) and borrowed mutably for the whole call;
+                // this item alone accesses columns `j0..j0 + nc` of its rows.
+                // SAFETY: j0 < n_out: inside `out`.
+                product(&rows, nc, &mut bufs, unsafe { out_ptr.get().add(j0) });
             }
-            bf16_gemm::pack_transposed(nc, k, &rows, k, &mut packed);
-            // SAFETY: `out` is `[n_rows × n_out]` (checked above) and borrowed mutably for the whole call;
-            // this item alone accesses columns `j0..j0 + nc` of its rows.
-            unsafe {
-                bf16_gemm::gemm_raw(
-                    n_rows,
-                    nc,
-                    k2,
-                    x,
-                    k2,
-                    &packed,
-                    out_ptr.get().add(j0),
-                    n_out,
-                    false,
-                )
-            };
-            BF16_BUFS.set((rows, packed));
-            Ok(())
+            bufs.0 = rows;
+            WEIGHT_BUFS.set(bufs);
+            widened
         })
 }
 

@@ -218,9 +218,14 @@ impl<'a> VisionModel<'a> {
             (&mut s.x, n * d),
             (&mut s.h, n * d),
             (&mut s.qkv, n * 3 * d),
+            // The f32 keys and values (bf16 attention packs its own, `kv16`).
             (&mut s.kv, {
                 let (k, v) = packed_kv_len(n, hd);
-                hp.n_head * (k + v)
+                if bf16 {
+                    0
+                } else {
+                    hp.n_head * (k + v)
+                }
             }),
             (&mut s.attn, n * d),
             (&mut s.ffn, n * ff.max(d)),

@@ -167,27 +167,35 @@ fn l2_norm(x: &mut [f32], eps: f32) {
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_impl(x: &mut [f32]) {
-    let n = x.len();
-    // Max: `max_ps(v, m)` returns `m` where `v` is NaN, so NaN is skipped as by `f32::max`.
+/// The largest element (−∞ for none). `max_ps(v, m)` returns `m` where `v` is NaN, so NaN is skipped as
+/// by `f32::max`.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[inline(always)]
+pub(crate) unsafe fn max_of(x: &[f32]) -> f32 {
+    let n8 = x.len() / 8 * 8;
     let mut mv = _mm256_set1_ps(f32::NEG_INFINITY);
-    let mut i = 0;
-    while i + 8 <= n {
+    for i in (0..n8).step_by(8) {
         mv = _mm256_max_ps(ld(x, i), mv);
-        i += 8;
     }
     let mut lanes = [0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), mv);
-    let max = lanes
+    lanes
         .iter()
-        .chain(&x[i..])
+        .chain(&x[n8..])
         .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_impl(x: &mut [f32]) {
+    let n = x.len();
+    let max = max_of(x);
     let m = _mm256_set1_ps(max);
     let z = _mm256_setzero_pd();
     let mut acc = [z; 2];
-    i = 0;
+    let mut i = 0;
     while i + 8 <= n {
         let e = exp_ps(_mm256_sub_ps(ld(x, i), m));
         st(x, i, e);
