@@ -14,6 +14,7 @@ mod matmul;
 pub mod ops;
 pub mod panel_gemm;
 pub mod scalar;
+pub mod stagger;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

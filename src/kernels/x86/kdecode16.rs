@@ -1,4 +1,4 @@
-//! Decode and few-token tiles of 16 Q4_K rows on AVX-512 VNNI: the rows in the 16 i32 lanes of a zmm.
+//! Few-token tiles of 16 Q4_K rows on AVX-512 VNNI: the rows in the 16 i32 lanes of a zmm.
 //!
 //! The 4-row tiles of [`super::kquants`] put a chunk's 32 elements in a vector's lanes: per token they
 //! pay a `maddubs` + `vpdpwssd` per 32 products, a scale multiply per row and chunk, and a horizontal sum
@@ -17,11 +17,23 @@
 //! 1.27–1.33× without), and so did three `prefetcht0` per row and block 576, 1152 or 2304 bytes ahead
 //! (3 tokens 1.19–1.20×, 1.26–1.30×, 1.34–1.36× against 1.22–1.25× without).
 //!
-//! From memory the tile waits on the 16 streams more than on its instructions: the float scales and
-//! the asm block of `dots16` made it 11–17 % faster with its rows in L2 (one thread, 256 rows, 3
-//! tokens: 16.8–17.3 → 18.5–19.1 GB/s) and no faster from memory (3 tokens 1.24–1.26× one token before
-//! and after, interleaved). One and two tokens keep the 4-row tiles: per block the transpose costs more
-//! than it saves there (16-row tiles from memory: 1.12× the 4-row time for one token).
+//! From memory the tile waited on the 16 streams more than on its instructions, for two reasons found on
+//! a Zen 4 VM (2 cores, one zmm `vpdpbusd` per cycle), with 256 rows in L2, one thread, 3 tokens:
+//! - The stripes of the 9B's shapes are a multiple of 4 KiB apart, so the 16 streams fell into the same
+//!   L1 sets and every load missed L1: 14 GB/s, 18 GB/s with all streams on one row. `stripes` now starts
+//!   each stream at its own offset within the page (`kernels::stagger`): 23 GB/s.
+//! - Four `vpgatherdd` per block for the headers took a quarter of the time; 16 loads and a 4×4
+//!   transpose per 128-bit lane (`load_headers`) instead: 11.8 → 14.3 GB/s before the stagger.
+//!
+//! With both, two tokens (and one) also run faster here than in the 4-row tiles: 29.9 against 18.7 GB/s
+//! for two. From memory, 12288×4096, 2 threads (`examples/few_tokens`), 2 / 3 / 4 tokens cost 1.05–1.07×
+//! / 1.11× / 1.23–1.28× one token, against 1.11–1.32× / 1.41–1.47× / 1.59–1.67× before. Two or more
+//! tokens take this tile; one keeps the 4-row tiles (no faster from memory, see `decode_layout`).
+//!
+//! A Q6_K tile of the same design (three transposed byte groups per half block, the codes assembled by
+//! `vpternlogd`, `vpmulld` scales) ran at 22.9 against 16.2 GB/s for 3 tokens in L2, but from memory at
+//! 8–14 GB/s on one thread against the 4-row tiles' 21–26, and 1.8–2.0× one token on two threads, with
+//! or without software prefetch; Q6_K keeps the 4-row tiles.
 //!
 //! The integer sums per (row, block, token) are the exact i32 values of the other kernels, and the float
 //! epilogue performs the same operations in the same order (`kquants::decode4_sm8`, `kgemm::tile`), so
@@ -29,7 +41,7 @@
 
 use core::arch::x86_64::*;
 
-use super::kgemm::{dpwssd_bcast, transpose16x8};
+use super::kgemm::{dpwssd_bcast, t4, transpose16x8};
 use super::kquants::{AB, ABSUMS, AQS};
 use super::{loadu, read_f32};
 
@@ -42,26 +54,51 @@ const WB: usize = 144;
 /// Dwords `0..8` of 16 rows, each row's 32 bytes at `p + off[r]`, transposed: `out[q]` lane `r` = row `r`
 /// dword `q`.
 #[inline(always)]
-unsafe fn load_transpose(p: *const u8, off: &[usize; ROWS]) -> [__m512i; 8] {
+unsafe fn load_transpose(p: *const u8, off: &[isize; ROWS]) -> [__m512i; 8] {
     let rows = [
-        loadu(p.add(off[0])),
-        loadu(p.add(off[1])),
-        loadu(p.add(off[2])),
-        loadu(p.add(off[3])),
-        loadu(p.add(off[4])),
-        loadu(p.add(off[5])),
-        loadu(p.add(off[6])),
-        loadu(p.add(off[7])),
-        loadu(p.add(off[8])),
-        loadu(p.add(off[9])),
-        loadu(p.add(off[10])),
-        loadu(p.add(off[11])),
-        loadu(p.add(off[12])),
-        loadu(p.add(off[13])),
-        loadu(p.add(off[14])),
-        loadu(p.add(off[15])),
+        loadu(p.offset(off[0])),
+        loadu(p.offset(off[1])),
+        loadu(p.offset(off[2])),
+        loadu(p.offset(off[3])),
+        loadu(p.offset(off[4])),
+        loadu(p.offset(off[5])),
+        loadu(p.offset(off[6])),
+        loadu(p.offset(off[7])),
+        loadu(p.offset(off[8])),
+        loadu(p.offset(off[9])),
+        loadu(p.offset(off[10])),
+        loadu(p.offset(off[11])),
+        loadu(p.offset(off[12])),
+        loadu(p.offset(off[13])),
+        loadu(p.offset(off[14])),
+        loadu(p.offset(off[15])),
     ];
     transpose16x8(&rows)
+}
+
+/// The 16-byte headers of 16 blocks (`p + off[r]`), transposed: `out[e]` lane `r` = row `r` dword `e`.
+/// Loads and a 4×4 transpose per 128-bit lane: on Zen 4 four `vpgatherdd` per block took a quarter of
+/// the 3-token tile's time, the loads and shuffles a tenth.
+#[inline(always)]
+unsafe fn load_headers(p: *const u8, off: &[isize; ROWS]) -> [__m512i; 4] {
+    // z[k] = rows k, 4+k, 8+k, 12+k: after the in-lane transposes lane L of out[e] holds rows 4L..4L+4.
+    let (h0, h1, h2, h3) = t4(
+        four_headers(p, off, 0),
+        four_headers(p, off, 1),
+        four_headers(p, off, 2),
+        four_headers(p, off, 3),
+    );
+    [h0, h1, h2, h3]
+}
+
+/// The headers of rows `k`, `4 + k`, `8 + k`, `12 + k` in the four 128-bit lanes.
+#[inline(always)]
+unsafe fn four_headers(p: *const u8, off: &[isize; ROWS], k: usize) -> __m512i {
+    let h = |r: usize| _mm_loadu_si128(p.offset(off[r]) as *const __m128i);
+    let v = _mm512_castsi128_si512(h(k));
+    let v = _mm512_inserti32x4::<1>(v, h(4 + k));
+    let v = _mm512_inserti32x4::<2>(v, h(8 + k));
+    _mm512_inserti32x4::<3>(v, h(12 + k))
 }
 
 /// Byte `k` of each dword, zero-extended (`k` < 4).
@@ -159,9 +196,8 @@ unsafe fn dots16(lo: &[__m512i; 8], hi: &[__m512i; 8], y: *const u8) -> (__m512i
 /// `T` tokens × 16 Q4_K rows (`w[r]`, `nb` blocks each), returned as `[row][token]`.
 ///
 /// # Safety
-/// Each `w[r]` must point to `nb` readable blocks of 144 bytes, all within `i32::MAX` bytes of `w[0]`
-/// (gather offsets), and each `a[t]` to `nb` Q8_K blocks; the CPU must have AVX2, FMA, F16C and AVX-512
-/// F/BW/VL/VNNI.
+/// Each `w[r]` must point to `nb` readable blocks of 144 bytes and each `a[t]` to `nb` Q8_K blocks; the
+/// CPU must have AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI.
 #[inline(always)]
 pub(super) unsafe fn decode16_q4k<const T: usize>(
     w: [*const u8; ROWS],
@@ -169,13 +205,7 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
     nb: usize,
 ) -> [[f32; T]; ROWS] {
     let base = w[0];
-    let mut off = [0usize; ROWS];
-    let mut off32 = [0i32; ROWS];
-    for r in 0..ROWS {
-        off[r] = w[r].offset_from(base) as usize;
-        off32[r] = off[r] as i32;
-    }
-    let idx = _mm512_loadu_si512(off32.as_ptr() as *const __m512i);
+    let off: [isize; ROWS] = core::array::from_fn(|r| w[r].offset_from(base));
     let zero = _mm512_setzero_si512();
     let nib = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); T];
@@ -186,10 +216,7 @@ pub(super) unsafe fn decode16_q4k<const T: usize>(
             ab[t] = a[t].add(b * AB);
         }
         // Header of the 16 blocks: (d | dmin << 16) and the 12 scale bytes as three u32 per row.
-        let dd = _mm512_i32gather_epi32::<1>(idx, p as *const i32);
-        let u0 = _mm512_i32gather_epi32::<1>(idx, p.add(4) as *const i32);
-        let u1 = _mm512_i32gather_epi32::<1>(idx, p.add(8) as *const i32);
-        let u2 = _mm512_i32gather_epi32::<1>(idx, p.add(12) as *const i32);
+        let [dd, u0, u1, u2] = load_headers(p, &off);
         let d = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
         let dmin = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32::<16>(dd)));
         // ggml's kmask arithmetic, one row per lane: scales 0-3, 4-7 and mins 0-3, 4-7 as bytes.

@@ -277,7 +277,7 @@ unsafe fn join(lo: __m256i, hi: __m256i) -> __m512i {
 /// 4×4 u32 transposes within each 128-bit lane: result `e` lane `L` = `[z0.L[e], z1.L[e], z2.L[e],
 /// z3.L[e]]`.
 #[inline(always)]
-unsafe fn t4(
+pub(super) unsafe fn t4(
     z0: __m512i,
     z1: __m512i,
     z2: __m512i,

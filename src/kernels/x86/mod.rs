@@ -315,8 +315,8 @@ pub(crate) unsafe fn quant_rows<
 }
 
 /// [`stripes`] with tiles of `RD` rows where they pay, else of 4: wider tiles (`kdecode16`'s 16 rows) pay
-/// a transpose per block that only three or more tokens amortize, and gather their block headers with
-/// i32 offsets from the tile's first row.
+/// a transpose per block that two or more tokens amortize. For one token, from memory, they were no
+/// faster than the 4-row tiles on Zen 4, and slower on one thread (Q4_K 15–20 against 19–23 GB/s).
 ///
 /// # Safety
 /// As [`stripes`].
@@ -327,7 +327,7 @@ unsafe fn decode_layout<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
     n_rows: usize,
     out: &mut [f32],
 ) {
-    if RD > 4 && (T < 3 || w.len() > i32::MAX as usize) {
+    if RD > 4 && T < 2 {
         stripes::<S, K, 4, T>(w, a, n_rows, out)
     } else {
         stripes::<S, K, RD, T>(w, a, n_rows, out)
@@ -362,10 +362,22 @@ unsafe fn stripes<S: Simd, K: QuantTile, const RD: usize, const T: usize>(
     let wrow = |r: usize| wp.add(r * rb);
     let arows: [*const u8; T] = core::array::from_fn(|t| ap.add(t * ab));
     let q = n_rows / RD;
+    // Wide tiles: stream i starts at row s[i] of its stripe and wraps once, as 16 streams a multiple of
+    // 4 KiB apart would share L1 sets (`stagger`). Four streams fit the sets' 8 ways: the one-token tiles
+    // keep their order.
+    let s = if RD > 4 {
+        crate::kernels::stagger::stream_starts::<RD>(q, rb)
+    } else {
+        [0; RD]
+    };
     for g in 0..q {
-        let res = K::stream::<S, RD, T>(core::array::from_fn(|i| wrow(g + i * q)), arows, nb);
+        let rows: [usize; RD] = core::array::from_fn(|i| {
+            let k = g + s[i];
+            i * q + if k >= q { k - q } else { k }
+        });
+        let res = K::stream::<S, RD, T>(core::array::from_fn(|i| wrow(rows[i])), arows, nb);
         for (i, v) in res.iter().enumerate() {
-            out[(g + i * q) * T..][..T].copy_from_slice(v);
+            out[rows[i] * T..][..T].copy_from_slice(v);
         }
     }
     let r0 = RD * q;
