@@ -13,7 +13,7 @@
 /// The L1 set period: 64 sets × 64-byte lines.
 const PAGE: usize = 4096;
 
-/// Start offsets `s_i < q` for `rd` streams over stripes of `q` rows of `rb` bytes: stream `i` begins
+/// Start offsets `s_i < q` for `RD` streams over stripes of `q` rows of `rb` bytes: stream `i` begins
 /// at row `i·q + s_i` and wraps to `i·q` after row `i·q + q − 1`. `s_i·rb ≡ i·PAGE/rd − i·q·rb`
 /// (mod PAGE) as nearly as `rb`'s powers of two allow; 0 where no offset can spread the streams.
 pub fn stream_starts<const RD: usize>(q: usize, rb: usize) -> [usize; RD] {
@@ -36,8 +36,8 @@ pub fn stream_starts<const RD: usize>(q: usize, rb: usize) -> [usize; RD] {
         *si = if exact < q {
             exact
         } else {
-            // Short stripes: the nearest offset a row of the stripe reaches (q < m ≤ 256 here, and the
-            // search costs a few cycles per row against the row's blocks of work).
+            // Short stripes (q < m): the nearest offset a row of the stripe reaches. The search takes
+            // q steps, against the q rows of work the stream has ahead of it.
             (0..q)
                 .min_by_key(|&s| circular_distance((base + s * rb) % PAGE, target))
                 .unwrap_or(0)
