@@ -396,7 +396,7 @@ const fn i16_chain<K: KFormat>(qps: usize) -> usize {
 /// The CPU must have AVX-512 F and VNNI.
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(super) unsafe fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: register operands only; the caller guarantees the CPU features.
     unsafe {
