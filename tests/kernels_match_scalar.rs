@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use deltaq::kernels::attend::{attend_ref, KvElem, KvPages, KvStore};
+use deltaq::kernels::attend::{
+    attend_ref, merge_chunks, AttnOut, ChunkStat, KvElem, KvPages, KvStore, CHUNK,
+};
 use deltaq::kernels::attend_quant::{attend_quant_with, KvBlock};
 use deltaq::kernels::{self, Isa, Kernels};
 use deltaq::model::KV_PAGE;
@@ -1294,13 +1296,15 @@ fn few_token_matmul_equals_one_token_bitwise() {
 
 /// Several queries over one KV head at once (the tiled prefill and GQA path) give every query the same
 /// bits as that table's one-query entry, for f32, f16, Q8_0 and Q4_0 caches, queries seeing different
-/// numbers of positions (causal prefill), across score blocks and pages.
+/// numbers of positions (causal prefill), across score blocks, pages and softmax chunks; and split-K
+/// (the chunks computed in separate calls, then merged) gives the same bits again.
 #[test]
 fn attend_many_equals_one_at_a_time() {
     use deltaq::kernels::attend_quant::attend_quant_many_with;
-    let (hd, nkv, n_all) = (64, 2, 300);
+    let _ftz = deltaq::kernels::fpenv::FlushDenormals::new();
+    let (hd, nkv, n_all) = (64, 2, 2 * CHUNK + 400);
     let stride = nkv * hd;
-    let n_ctx = [1usize, 300, 128, 129, 7, 255, 256, 300];
+    let n_ctx = [1usize, n_all, 128, CHUNK + 1, 7, CHUNK, 2 * CHUNK + 1, 300];
     for k in tables() {
         for page_rows in [KV_PAGE, 100] {
             let mut rng = Rng(41 + page_rows as u64);
@@ -1325,7 +1329,30 @@ fn attend_many_equals_one_at_a_time() {
                     stride,
                     offset: m * hd,
                 };
-                (k.attend_many_f16)(&qs, &n_ctx, kv, scale, &mut many);
+                (k.attend_many_f16)(&qs, &n_ctx, kv, scale, AttnOut::Whole(&mut many));
+                let split = |run: &dyn Fn(AttnOut<'_>)| {
+                    // Chunks 0 and 1..3 in two calls, merged.
+                    let nq = n_ctx.len();
+                    let mut stats = vec![ChunkStat::EMPTY; 3 * nq];
+                    let mut parts = vec![f32::NAN; 3 * qs.len()];
+                    let (s0, s1) = stats.split_at_mut(nq);
+                    let (p0, p1) = parts.split_at_mut(qs.len());
+                    run(AttnOut::Chunks {
+                        first: 0,
+                        o: p0,
+                        stats: s0,
+                    });
+                    run(AttnOut::Chunks {
+                        first: 1,
+                        o: p1,
+                        stats: s1,
+                    });
+                    let mut out = vec![f32::NAN; qs.len()];
+                    merge_chunks(&stats, &parts, &mut out);
+                    out
+                };
+                let merged = split(&|out| (k.attend_many_f16)(&qs, &n_ctx, kv, scale, out));
+                assert_eq!(many, merged, "{} f16 split-K, KV head {m}", k.isa.name());
                 let kv32 = KvPages {
                     k: &k32,
                     v: &v32,
@@ -1334,7 +1361,9 @@ fn attend_many_equals_one_at_a_time() {
                     offset: m * hd,
                 };
                 let mut many32 = vec![f32::NAN; qs.len()];
-                (k.attend_many_f32)(&qs, &n_ctx, kv32, scale, &mut many32);
+                (k.attend_many_f32)(&qs, &n_ctx, kv32, scale, AttnOut::Whole(&mut many32));
+                let merged = split(&|out| (k.attend_many_f32)(&qs, &n_ctx, kv32, scale, out));
+                assert_eq!(many32, merged, "{} f32 split-K, KV head {m}", k.isa.name());
                 for (i, &n) in n_ctx.iter().enumerate() {
                     let q = &qs[i * hd..][..hd];
                     let mut one = vec![f32::NAN; hd];
@@ -1378,7 +1407,25 @@ fn attend_many_equals_one_at_a_time() {
                     offset: nb,
                 };
                 let mut many = vec![f32::NAN; qs.len()];
-                attend_quant_many_with(k, qs, n_ctx, kv, 0.125, &mut many);
+                attend_quant_many_with(k, qs, n_ctx, kv, 0.125, AttnOut::Whole(&mut many));
+                let nq = n_ctx.len();
+                let mut stats = vec![ChunkStat::EMPTY; 3 * nq];
+                let mut parts = vec![f32::NAN; 3 * qs.len()];
+                for (c, (o, st)) in parts
+                    .chunks_exact_mut(qs.len())
+                    .zip(stats.chunks_exact_mut(nq))
+                    .enumerate()
+                {
+                    let out = AttnOut::Chunks {
+                        first: c,
+                        o,
+                        stats: st,
+                    };
+                    attend_quant_many_with(k, qs, n_ctx, kv, 0.125, out);
+                }
+                let mut merged = vec![f32::NAN; qs.len()];
+                merge_chunks(&stats, &parts, &mut merged);
+                assert_eq!(many, merged, "{} {:?} split-K", k.isa.name(), B::TYPE);
                 for (i, &n) in n_ctx.iter().enumerate() {
                     let mut one = vec![f32::NAN; hd];
                     attend_quant_with(k, &qs[i * hd..][..hd], kv, n, 0.125, &mut one);

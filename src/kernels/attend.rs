@@ -14,6 +14,52 @@ use super::dispatch::Kernels;
 /// Positions per block of scores.
 pub(crate) const BLOCK: usize = 128;
 
+/// Positions per chunk of the softmax (a multiple of [`BLOCK`]). Every query's positions are cut at the
+/// multiples of `CHUNK`; each chunk's streaming softmax starts afresh and the chunks are merged in order
+/// ([`merge_chunk`]). So decoding deep in the cache can run a query's chunks on different threads
+/// (split-K, [`attend_many_into`] with [`AttnOut::Chunks`]) and still get the bits of one thread, of a prefill tile and of the
+/// MTP verification. A context within one chunk runs exactly as one streaming softmax.
+pub const CHUNK: usize = 2048;
+
+/// One query's softmax over one chunk: the largest scaled score and `Σ e^{s − max}` (0: no positions).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ChunkStat {
+    pub max: f32,
+    pub sum: f64,
+}
+
+impl ChunkStat {
+    /// No positions seen.
+    pub const EMPTY: ChunkStat = ChunkStat {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    };
+}
+
+/// Where a several-query call puts its results.
+pub enum AttnOut<'a> {
+    /// Every query's output, `[nq × hd]`.
+    Whole(&'a mut [f32]),
+    /// Split-K: chunks `first..first + n` of every query, unmerged: `o[(c·nq + i)·hd..][..hd]` is query
+    /// `i`'s unnormalized `Σ e^{s − max}·v` over chunk `first + c` and `stats[c·nq + i]` its max and sum
+    /// (`n = stats.len() / nq`). [`merge_chunks`] makes the outputs.
+    Chunks {
+        first: usize,
+        o: &'a mut [f32],
+        stats: &'a mut [ChunkStat],
+    },
+}
+
+impl AttnOut<'_> {
+    /// Values this output holds per query and head element (1 for [`AttnOut::Whole`]), for shape checks.
+    fn len(&self) -> usize {
+        match self {
+            AttnOut::Whole(o) => o.len(),
+            AttnOut::Chunks { o, .. } => o.len(),
+        }
+    }
+}
+
 /// A KV cache's keys and values as seen by one query head: position `τ` lives in page
 /// `τ / page_rows` at row `τ % page_rows`, and its head vector is `page[row·stride + offset..][..hd]`.
 /// Every page but the last holds `page_rows` positions.
@@ -98,7 +144,7 @@ pub type AttendFn<T> = fn(q: &[f32], kv: KvPages<'_, T>, n_ctx: usize, scale: f3
 
 /// A kernel table's entry for several queries over the same KV head: see [`attend_many`].
 pub type AttendManyFn<T> =
-    fn(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: &mut [f32]);
+    fn(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: AttnOut<'_>);
 
 impl KvStore for f32 {
     const PER: usize = 1;
@@ -159,7 +205,7 @@ pub fn attend_ref<T: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_many_ref(q, &[n_ctx], kv, scale, out)
+    attend_many_ref(q, &[n_ctx], kv, scale, AttnOut::Whole(out))
 }
 
 /// [`attend`] for `n_ctx.len()` queries over the same KV head at once: query `i` is
@@ -174,7 +220,75 @@ pub fn attend_many<T: KvElem>(
     out: &mut [f32],
 ) {
     let _ftz = super::fpenv::FlushDenormals::new();
+    T::attend_many_entry(super::kernels())(qs, n_ctx, kv, scale, AttnOut::Whole(out))
+}
+
+/// [`attend_many`] into any [`AttnOut`]: with [`AttnOut::Chunks`], the unmerged partials of some chunks
+/// (split-K). Calls over disjoint chunk ranges can run on different threads; [`merge_chunks`] over all
+/// chunks then gives [`attend_many`]'s bits.
+pub fn attend_many_into<T: KvElem>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, T>,
+    scale: f32,
+    out: AttnOut<'_>,
+) {
+    let _ftz = super::fpenv::FlushDenormals::new();
     T::attend_many_entry(super::kernels())(qs, n_ctx, kv, scale, out)
+}
+
+/// The outputs `out` (`[nq × hd]`) of `nq` queries from all their chunk partials (`stats`: `[n × nq]`,
+/// `o`: `[n × nq × hd]`, chunk 0 first), as the whole softmax merges them: the same bits.
+pub fn merge_chunks(stats: &[ChunkStat], o: &[f32], out: &mut [f32]) {
+    let _ftz = super::fpenv::FlushDenormals::new();
+    // Chunks, then queries per chunk.
+    let n = o.len().checked_div(out.len()).unwrap_or(0);
+    let nq = stats.len().checked_div(n).unwrap_or(0);
+    assert!(
+        nq > 0 && out.len().is_multiple_of(nq) && stats.len() * (out.len() / nq) == o.len(),
+        "merge_chunks: {} stats, {} partial and {} output values",
+        stats.len(),
+        o.len(),
+        out.len()
+    );
+    let hd = out.len() / nq;
+    let mut run = vec![ChunkStat::EMPTY; nq];
+    for (st, o) in stats.chunks_exact(nq).zip(o.chunks_exact(nq * hd)) {
+        for (i, (st, o)) in st.iter().zip(o.chunks_exact(hd)).enumerate() {
+            merge_chunk(&mut run[i], &mut out[i * hd..][..hd], *st, o);
+        }
+    }
+    normalize(&run, out);
+}
+
+/// Folds one chunk's partial (`part`, unnormalized `o`) into a query's running softmax (`run`,
+/// `o_run`), moving both to the larger maximum. The first chunk is taken as it is.
+#[inline]
+pub(crate) fn merge_chunk(run: &mut ChunkStat, o_run: &mut [f32], part: ChunkStat, o: &[f32]) {
+    if part.sum == 0.0 {
+        return; // the query sees no position of this chunk
+    }
+    if run.sum == 0.0 {
+        *run = part;
+        o_run.copy_from_slice(o);
+        return;
+    }
+    let max = run.max.max(part.max);
+    let (a, b) = ((run.max - max).exp(), (part.max - max).exp());
+    for (x, &y) in o_run.iter_mut().zip(o) {
+        *x = *x * a + y * b;
+    }
+    run.sum = run.sum * a as f64 + part.sum * b as f64;
+    run.max = max;
+}
+
+/// `out_i ← out_i / sum_i` for every query.
+fn normalize(run: &[ChunkStat], out: &mut [f32]) {
+    let hd = out.len() / run.len();
+    for (st, out) in run.iter().zip(out.chunks_exact_mut(hd)) {
+        let inv = (1.0 / st.sum) as f32;
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
 }
 
 /// The scalar reference of every table's several-query entry.
@@ -183,9 +297,9 @@ pub fn attend_many_ref<T: KvElem>(
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
 ) {
-    let hd = check_many(qs, n_ctx, &kv, out);
+    let hd = check_many(qs, n_ctx, &kv, &out);
     body_grouped(
         qs,
         n_ctx,
@@ -235,19 +349,39 @@ pub(crate) fn check_many<T>(
     qs: &[f32],
     n_ctx: &[usize],
     kv: &KvPages<'_, T>,
-    out: &[f32],
+    out: &AttnOut<'_>,
 ) -> usize {
     let nq = n_ctx.len();
     assert!(nq > 0, "attend_many: no queries");
     let hd = qs.len() / nq;
     assert!(
-        hd * nq == qs.len() && out.len() == qs.len(),
-        "attend_many: {nq} queries, {} query and {} output values",
-        qs.len(),
-        out.len()
+        hd * nq == qs.len(),
+        "attend_many: {nq} queries of {} values",
+        qs.len()
     );
+    check_out(out, nq, qs.len());
     kv.check(hd, n_ctx.iter().copied().max().unwrap_or(0));
     hd
+}
+
+/// Panics unless `out` holds what `nq` queries of `n_values` values in all need.
+pub(crate) fn check_out(out: &AttnOut<'_>, nq: usize, n_values: usize) {
+    let per_query = match out {
+        AttnOut::Whole(_) => 1,
+        AttnOut::Chunks { stats, .. } => {
+            assert!(
+                !stats.is_empty() && stats.len().is_multiple_of(nq),
+                "attend_many: {} chunk stats for {nq} queries",
+                stats.len()
+            );
+            stats.len() / nq
+        }
+    };
+    assert!(
+        out.len() == n_values * per_query,
+        "attend_many: {nq} queries of {n_values} values in all, {} output values",
+        out.len()
+    );
 }
 
 /// `Σ a_i · b_i` in the association of an 8-lane SIMD dot product ([`super::ops::dot_widened`]).
@@ -286,7 +420,7 @@ pub(crate) fn body_grouped<T: Copy>(
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
     mut scores: impl FnMut(usize, &[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
     weights: impl Fn(&mut [f32], f32, &mut f64),
     mut values: impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
@@ -295,54 +429,86 @@ pub(crate) fn body_grouped<T: Copy>(
     let nq = n_ctx.len();
     let hd = qs.len() / nq;
     let n_all = n_ctx.iter().copied().max().unwrap_or(0);
-    out.fill(0.0);
-    let mut state = vec![(f32::NEG_INFINITY, 0f64); nq];
     let mut s = [[0f32; BLOCK]; GROUP];
-    for_each_block(&kv, n_all, |kp, vp, p0, b0, rows| {
-        // Rows of this block query `i` sees (as it would count them alone), 0 if none.
-        let seen = |i: usize| {
-            page_rows
-                .min(n_ctx[i].saturating_sub(p0))
-                .saturating_sub(b0)
-                .min(rows)
-        };
-        let mut i = 0;
-        while i < nq {
-            let r = seen(i);
-            if r == 0 {
-                i += 1;
-                continue;
-            }
-            let mut g = 1;
-            while g < GROUP && i + g < nq && seen(i + g) == r {
-                g += 1;
-            }
-            let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
-            scores(i, &qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
-            let outs = &mut out[i * hd..(i + g) * hd];
-            for ((s, (max, sum)), out) in s[..g]
-                .iter_mut()
-                .zip(&mut state[i..i + g])
-                .zip(outs.chunks_exact_mut(hd))
-            {
-                let s = &mut s[..r];
-                let block_max = scale_max(s, scale);
-                if block_max > *max {
-                    // Everything so far was weighted by e^{−max}; move it to the new maximum.
-                    let c = (*max - block_max).exp();
-                    out.iter_mut().for_each(|o| *o *= c);
-                    *sum *= c as f64;
-                    *max = block_max;
+    // The streaming softmax of every query over the blocks starting in positions `lo..hi`, into `acc`
+    // (zeroed here) and `state`.
+    let mut stream = |lo: usize, hi: usize, acc: &mut [f32], state: &mut [ChunkStat]| {
+        acc.fill(0.0);
+        state.fill(ChunkStat::EMPTY);
+        for_each_block(&kv, n_all, lo, hi, |kp, vp, p0, b0, rows| {
+            // Rows of this block query `i` sees (as it would count them alone), 0 if none.
+            let seen = |i: usize| {
+                page_rows
+                    .min(n_ctx[i].saturating_sub(p0))
+                    .saturating_sub(b0)
+                    .min(rows)
+            };
+            let mut i = 0;
+            while i < nq {
+                let r = seen(i);
+                if r == 0 {
+                    i += 1;
+                    continue;
                 }
-                weights(s, *max, sum);
+                let mut g = 1;
+                while g < GROUP && i + g < nq && seen(i + g) == r {
+                    g += 1;
+                }
+                let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
+                scores(i, &qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
+                let outs = &mut acc[i * hd..(i + g) * hd];
+                for ((s, st), out) in s[..g]
+                    .iter_mut()
+                    .zip(&mut state[i..i + g])
+                    .zip(outs.chunks_exact_mut(hd))
+                {
+                    let s = &mut s[..r];
+                    let block_max = scale_max(s, scale);
+                    if block_max > st.max {
+                        // Everything so far was weighted by e^{−max}; move it to the new maximum.
+                        let c = (st.max - block_max).exp();
+                        out.iter_mut().for_each(|o| *o *= c);
+                        st.sum *= c as f64;
+                        st.max = block_max;
+                    }
+                    weights(s, st.max, &mut st.sum);
+                }
+                values(outs, &s[..g], v, stride, r);
+                i += g;
             }
-            values(outs, &s[..g], v, stride, r);
-            i += g;
+        });
+    };
+    let n_chunks = n_all.div_ceil(CHUNK);
+    match out {
+        AttnOut::Whole(out) if n_chunks <= 1 => {
+            let mut state = vec![ChunkStat::EMPTY; nq];
+            stream(0, n_all, out, &mut state);
+            normalize(&state, out);
         }
-    });
-    for ((_, sum), out) in state.iter().zip(out.chunks_exact_mut(hd)) {
-        let inv = (1.0 / sum) as f32;
-        out.iter_mut().for_each(|o| *o *= inv);
+        AttnOut::Whole(out) => {
+            // Chunk by chunk, each merged as it ends: the fold `merge_chunks` makes of split-K partials.
+            let mut acc = vec![0f32; nq * hd];
+            let mut state = vec![ChunkStat::EMPTY; nq];
+            let mut run = vec![ChunkStat::EMPTY; nq];
+            out.fill(0.0);
+            for c in 0..n_chunks {
+                stream(c * CHUNK, (c + 1) * CHUNK, &mut acc, &mut state);
+                for (i, (st, o)) in state.iter().zip(acc.chunks_exact(hd)).enumerate() {
+                    merge_chunk(&mut run[i], &mut out[i * hd..][..hd], *st, o);
+                }
+            }
+            normalize(&run, out);
+        }
+        AttnOut::Chunks { first, o, stats } => {
+            for (c, (o, st)) in o
+                .chunks_exact_mut(nq * hd)
+                .zip(stats.chunks_exact_mut(nq))
+                .enumerate()
+            {
+                let lo = (first + c) * CHUNK;
+                stream(lo, lo + CHUNK, o, st);
+            }
+        }
     }
 }
 
@@ -417,22 +583,28 @@ fn scale_max(s: &mut [f32], scale: f32) -> f32 {
 }
 
 /// Calls `f(k_page, v_page, p0, b0, rows)` for every block of `BLOCK` positions (fewer at the end of a
-/// page or of the context) among the first `n_all` positions: the block starts at row `b0` of the page
-/// that starts at position `p0`.
+/// page or of the context) among the first `n_all` positions whose first position is in `lo..hi`: the
+/// block starts at row `b0` of the page that starts at position `p0`.
 #[inline(always)]
 fn for_each_block<T>(
     kv: &KvPages<'_, T>,
     n_all: usize,
+    lo: usize,
+    hi: usize,
     mut f: impl FnMut(&[T], &[T], usize, usize, usize),
 ) {
-    for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate() {
+    let hi = hi.min(n_all);
+    let first_page = lo / kv.page_rows;
+    for (p, (kp, vp)) in kv.k.iter().zip(kv.v).enumerate().skip(first_page) {
         let p0 = p * kv.page_rows;
-        if p0 >= n_all {
+        if p0 >= hi {
             break;
         }
         let rows = kv.page_rows.min(n_all - p0);
         for b0 in (0..rows).step_by(BLOCK) {
-            f(kp, vp, p0, b0, BLOCK.min(rows - b0));
+            if (lo..hi).contains(&(p0 + b0)) {
+                f(kp, vp, p0, b0, BLOCK.min(rows - b0));
+            }
         }
     }
 }
@@ -459,7 +631,7 @@ mod tests {
     fn streaming_softmax_matches_two_pass() {
         let (hd, stride, off) = (64, 96, 16);
         let mut rng = Rng(99);
-        for n_ctx in [1usize, 5, 128, 129, 300] {
+        for n_ctx in [1usize, 5, 128, 129, 300, CHUNK + 1, 2 * CHUNK + 300] {
             let q: Vec<f32> = (0..hd).map(|_| 4.0 * rng.f()).collect();
             let k: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();
             let v: Vec<f32> = (0..n_ctx * stride).map(|_| rng.f()).collect();

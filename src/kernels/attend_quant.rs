@@ -10,7 +10,7 @@ use std::cell::Cell;
 
 use bytemuck::Zeroable;
 
-use super::attend::{body_grouped, Gathered, KvPages, KvStore, BLOCK, GROUP};
+use super::attend::{body_grouped, AttnOut, Gathered, KvPages, KvStore, BLOCK, GROUP};
 use super::dispatch::Kernels;
 use crate::quant::{BlockFormat, BlockQ4_0, BlockQ8_0, GgmlType};
 
@@ -82,7 +82,7 @@ pub fn attend_quant_with<B: KvBlock>(
     scale: f32,
     out: &mut [f32],
 ) {
-    attend_quant_many_with(k, q, &[n_ctx], kv, scale, out)
+    attend_quant_many_with(k, q, &[n_ctx], kv, scale, AttnOut::Whole(out))
 }
 
 /// [`attend_quant`] for several queries over the same KV head, as
@@ -93,6 +93,18 @@ pub fn attend_quant_many<B: KvBlock>(
     kv: KvPages<'_, B>,
     scale: f32,
     out: &mut [f32],
+) {
+    let _ftz = super::fpenv::FlushDenormals::new();
+    attend_quant_many_with(super::kernels(), qs, n_ctx, kv, scale, AttnOut::Whole(out))
+}
+
+/// [`attend_quant_many`] into any [`AttnOut`], as [`attend_many_into`](super::attend::attend_many_into).
+pub fn attend_quant_many_into<B: KvBlock>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: KvPages<'_, B>,
+    scale: f32,
+    out: AttnOut<'_>,
 ) {
     let _ftz = super::fpenv::FlushDenormals::new();
     attend_quant_many_with(super::kernels(), qs, n_ctx, kv, scale, out)
@@ -106,7 +118,7 @@ pub fn attend_quant_many_with<B: KvBlock>(
     n_ctx: &[usize],
     kv: KvPages<'_, B>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
 ) {
     let nq = n_ctx.len();
     assert!(
@@ -116,9 +128,10 @@ pub fn attend_quant_many_with<B: KvBlock>(
     );
     let hd = qs.len() / nq;
     assert!(
-        hd.is_multiple_of(B::BLOCK) && out.len() == qs.len(),
+        hd.is_multiple_of(B::BLOCK),
         "attend_quant: head of {hd} elements"
     );
+    super::attend::check_out(&out, nq, qs.len());
     let nb = hd / B::BLOCK;
     kv.check(nb, n_ctx.iter().copied().max().unwrap_or(0));
     let mut scratch = SCRATCH.take();

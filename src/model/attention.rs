@@ -8,8 +8,10 @@ use rayon::prelude::*;
 use super::hparams::HParams;
 use super::weights::AttentionWeights;
 use super::{carve, for_rows};
-use crate::kernels::attend::{attend_many, KvElem, KvPages, KvStore};
-use crate::kernels::attend_quant::{attend_quant_many, KvBlock};
+use crate::kernels::attend::{
+    attend_many_into, merge_chunks, AttnOut, ChunkStat, KvElem, KvPages, KvStore, CHUNK,
+};
+use crate::kernels::attend_quant::{attend_quant_many_into, KvBlock};
 use crate::kernels::ops::{hadamard, rms_norm, rope, rope_cos_sin, sigmoid_mul};
 use crate::kernels::{matmul, matmuls};
 use crate::quant::{BlockQ4_0, BlockQ8_0};
@@ -429,7 +431,7 @@ fn attend_all<T: KvElem>(
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
     attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
-        attend_many(qs, n_ctx, c.head(m, hd), scale, out)
+        attend_many_into(qs, n_ctx, c.head(m, hd), scale, out)
     });
 }
 
@@ -446,7 +448,7 @@ fn attend_all_blocks<B: KvBlock>(
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
     attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
-        attend_quant_many(qs, n_ctx, c.head(m, hd / B::BLOCK), scale, out)
+        attend_quant_many_into(qs, n_ctx, c.head(m, hd / B::BLOCK), scale, out)
     });
 }
 
@@ -454,10 +456,13 @@ fn attend_all_blocks<B: KvBlock>(
 /// values while it is in cache.
 const TILE_TOKENS: usize = 16;
 
-/// Splits the queries into tiles that share a KV head (a few tokens × the heads of a GQA group, or
-/// part of it when there are too few tiles to keep every thread busy, as in decoding), runs
-/// `run(kv_head, queries, n_ctx, out)` on each in parallel and puts the results in `o`. Every query is
-/// computed exactly as alone ([`attend_many`]), so the tiling never changes a bit of the output.
+/// Splits the queries into tiles that share a KV head (a few tokens × the heads of a GQA group), runs
+/// `run(kv_head, queries, n_ctx, out)` on each in parallel and puts the results in `o`. When there are
+/// fewer tiles than threads (decoding, the MTP verification), deep caches are split over the threads
+/// by chunks of positions (split-K: every thread reads its own part of the KV head once, for all the
+/// group's heads) and the partial softmaxes merged; shallow ones split a group's heads instead. Every
+/// query is computed exactly as alone ([`attend_many`]: the chunks are the same whatever the split), so
+/// the tiling never changes a bit of the output.
 fn attend_tiles(
     qg: &[f32],
     nh: usize,
@@ -465,43 +470,95 @@ fn attend_tiles(
     hd: usize,
     pos0: usize,
     o: &mut [f32],
-    run: impl Fn(usize, &[f32], &[usize], &mut [f32]) + Sync,
+    run: impl Fn(usize, &[f32], &[usize], AttnOut<'_>) + Sync,
 ) {
     let n_tok = o.len() / (nh * hd);
     let group = nh / nkv;
     let token_tiles = n_tok.div_ceil(TILE_TOKENS);
+    let threads = rayon::current_num_threads();
+    let n_chunks = (pos0 + n_tok).div_ceil(CHUNK);
+    // Split-K parts per tile: enough to give every thread work, at most one per chunk.
+    let parts = if nkv * token_tiles < threads {
+        threads.div_ceil(nkv * token_tiles).min(n_chunks)
+    } else {
+        1
+    };
     let mut heads = group;
-    while heads > 1 && nkv * token_tiles * group.div_ceil(heads) < rayon::current_num_threads() {
+    while parts == 1 && heads > 1 && nkv * token_tiles * group.div_ceil(heads) < threads {
         heads = heads.div_ceil(2);
     }
     let head_tiles = group.div_ceil(heads);
-    // Tile (m, tt, ht): KV head m, tokens tt·16.., heads m·group + ht·heads.. of its group.
+    // Tile (m, tt, ht): KV head m, tokens tt·16.., heads m·group + ht·heads.. of its group; its queries
+    // token by token, the heads of each token together.
     let tiles: Vec<(usize, usize, usize)> = (0..nkv)
         .flat_map(|m| {
             (0..token_tiles).flat_map(move |tt| (0..head_tiles).map(move |ht| (m, tt, ht)))
         })
         .collect();
-    let results: Vec<Vec<f32>> = tiles
-        .par_iter()
-        .map(|&(m, tt, ht)| {
-            let toks = tt * TILE_TOKENS..((tt + 1) * TILE_TOKENS).min(n_tok);
-            let hs = m * group + ht * heads..(m * group + (ht + 1) * heads).min((m + 1) * group);
-            let mut qs = Vec::with_capacity(toks.len() * hs.len() * hd);
-            let mut n_ctx = Vec::with_capacity(toks.len() * hs.len());
-            for t in toks.clone() {
-                for j in hs.clone() {
-                    qs.extend_from_slice(&qg[(t * nh + j) * 2 * hd..][..hd]);
-                    n_ctx.push(pos0 + t + 1);
-                }
-            }
-            let mut out = vec![0f32; qs.len()];
-            run(m, &qs, &n_ctx, &mut out);
-            out
-        })
-        .collect();
-    for (&(m, tt, ht), out) in tiles.iter().zip(&results) {
+    let span = |&(m, tt, ht): &(usize, usize, usize)| {
         let toks = tt * TILE_TOKENS..((tt + 1) * TILE_TOKENS).min(n_tok);
         let hs = m * group + ht * heads..(m * group + (ht + 1) * heads).min((m + 1) * group);
+        (toks, hs)
+    };
+    let queries = |tile: &(usize, usize, usize)| {
+        let (toks, hs) = span(tile);
+        let mut qs = Vec::with_capacity(toks.len() * hs.len() * hd);
+        let mut n_ctx = Vec::with_capacity(toks.len() * hs.len());
+        for t in toks {
+            for j in hs.clone() {
+                qs.extend_from_slice(&qg[(t * nh + j) * 2 * hd..][..hd]);
+                n_ctx.push(pos0 + t + 1);
+            }
+        }
+        (qs, n_ctx)
+    };
+    let results: Vec<Vec<f32>> = if parts == 1 {
+        tiles
+            .par_iter()
+            .map(|tile| {
+                let (qs, n_ctx) = queries(tile);
+                let mut out = vec![0f32; qs.len()];
+                run(tile.0, &qs, &n_ctx, AttnOut::Whole(&mut out));
+                out
+            })
+            .collect()
+    } else {
+        // Work item (tile, p): chunks p·n/parts .. (p+1)·n/parts of the tile's queries.
+        let items: Vec<(usize, usize)> = (0..tiles.len())
+            .flat_map(|i| (0..parts).map(move |p| (i, p)))
+            .collect();
+        let first = |p: usize| p * n_chunks / parts;
+        let partials: Vec<(Vec<ChunkStat>, Vec<f32>)> = items
+            .par_iter()
+            .map(|&(i, p)| {
+                let (qs, n_ctx) = queries(&tiles[i]);
+                let nc = first(p + 1) - first(p);
+                let mut stats = vec![ChunkStat::EMPTY; nc * n_ctx.len()];
+                let mut part = vec![0f32; nc * qs.len()];
+                let out = AttnOut::Chunks {
+                    first: first(p),
+                    o: &mut part,
+                    stats: &mut stats,
+                };
+                run(tiles[i].0, &qs, &n_ctx, out);
+                (stats, part)
+            })
+            .collect();
+        // Each tile's parts in chunk order, merged.
+        partials
+            .chunks_exact(parts)
+            .map(|tile_parts| {
+                let stats: Vec<ChunkStat> =
+                    tile_parts.iter().flat_map(|(s, _)| s.clone()).collect();
+                let part: Vec<f32> = tile_parts.iter().flat_map(|(_, o)| o.clone()).collect();
+                let mut out = vec![0f32; part.len() / n_chunks];
+                merge_chunks(&stats, &part, &mut out);
+                out
+            })
+            .collect()
+    };
+    for (tile, out) in tiles.iter().zip(&results) {
+        let (toks, hs) = span(tile);
         let mut rows = out.chunks_exact(hd);
         for t in toks {
             for j in hs.clone() {
@@ -632,6 +689,60 @@ mod tests {
                     assert_eq!(pages, n_ctx.div_ceil(KV_PAGE));
                 }
             }
+        }
+    }
+
+    /// Split-K: with fewer tiles than threads a deep cache is split over the threads by chunks, and the
+    /// outputs keep the bits of one thread (and of a prefill tile holding the same token): for every
+    /// cache type, 1 token (decoding) and 3 (a verification) after 2·CHUNK + 100 positions.
+    #[test]
+    fn split_k_keeps_the_bits_of_one_thread() {
+        let (nh, nkv, hd) = (8, 2, 64);
+        let depth = 2 * CHUNK + 100;
+        let in_pool = |threads: usize, f: &mut (dyn FnMut() + Send)| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(f)
+        };
+        for ty in [KvType::F16, KvType::F32, KvType::Q8_0, KvType::Q4_0] {
+            let n_all = depth + 3;
+            let mut c = KvCache::new(ty, n_all, nkv * hd);
+            let wave = |n: usize, seed: f32| -> Vec<f32> {
+                (0..n)
+                    .map(|i| (i as f32 * 0.37 + seed).sin() * 0.9)
+                    .collect()
+            };
+            c.push(&wave(n_all * nkv * hd, 0.1), &wave(n_all * nkv * hd, 2.0));
+            let qg = wave(3 * nh * 2 * hd, 5.0);
+            // Tokens `t0..t0 + n_tok` of `qg` at positions `pos0..`.
+            let run = |t0: usize, n_tok: usize, pos0: usize, threads: usize| {
+                let mut o = vec![f32::NAN; n_tok * nh * hd];
+                let qg = &qg[t0 * nh * 2 * hd..(t0 + n_tok) * nh * 2 * hd];
+                in_pool(threads, &mut || match &c {
+                    KvCache::F16(p) => attend_all(p, qg, nh, nkv, hd, pos0, &mut o),
+                    KvCache::F32(p) => attend_all(p, qg, nh, nkv, hd, pos0, &mut o),
+                    KvCache::Q8_0(p) => attend_all_blocks(p, qg, nh, nkv, hd, pos0, &mut o),
+                    KvCache::Q4_0(p) => attend_all_blocks(p, qg, nh, nkv, hd, pos0, &mut o),
+                });
+                o
+            };
+            for n_tok in [1, 3] {
+                let pos0 = n_all - n_tok;
+                let one = run(0, n_tok, pos0, 1);
+                assert!(one.iter().all(|x| x.is_finite()));
+                for threads in [2, 4, 7] {
+                    assert_eq!(
+                        one,
+                        run(0, n_tok, pos0, threads),
+                        "{ty}, {n_tok} tokens, {threads} threads"
+                    );
+                }
+            }
+            // The last token alone equals the last of the three.
+            let three = run(0, 3, depth, 1);
+            assert_eq!(&three[2 * nh * hd..], &run(2, 1, depth + 2, 4)[..], "{ty}");
         }
     }
 

@@ -9,7 +9,7 @@ use half::f16;
 
 use super::float::{self, Elem};
 use super::ops::exp_q;
-use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
+use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK};
 use crate::kernels::dispatch::AttendSteps;
 
 /// A KV element type and its loader of 8 consecutive elements as two f32x4.
@@ -220,7 +220,7 @@ unsafe fn values_n<T: Row, const G: usize>(
 
 /// The grouped body with this file's tiles.
 #[inline(always)]
-fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: &mut [f32]) {
+fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out: AttnOut<'_>) {
     attend::body_grouped(
         qs,
         n_ctx,
@@ -243,7 +243,7 @@ pub(super) fn entry<T: Row>(
     scale: f32,
     out: &mut [f32],
 ) {
-    entry_many(q, &[n_ctx], kv, scale, out)
+    entry_many(q, &[n_ctx], kv, scale, AttnOut::Whole(out))
 }
 
 /// The several-query table entry ([`attend::attend_many`]): checks the shapes, then runs the NEON body
@@ -253,9 +253,9 @@ pub(super) fn entry_many<T: Row>(
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
 ) {
-    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    let hd = attend::check_many(qs, n_ctx, &kv, &out);
     if !hd.is_multiple_of(8) {
         // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);

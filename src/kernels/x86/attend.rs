@@ -10,7 +10,7 @@ use half::f16;
 
 use super::hsum_ps;
 use super::ops::exp_ps;
-use crate::kernels::attend::{self, KvElem, KvPages, BLOCK};
+use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK};
 use crate::kernels::dispatch::AttendSteps;
 
 /// An f32 vector of `LANES` lanes, with the operations the tiles use.
@@ -133,7 +133,7 @@ macro_rules! grouped_body {
             n_ctx: &[usize],
             kv: KvPages<'_, T>,
             scale: f32,
-            out: &mut [f32],
+            out: AttnOut<'_>,
         ) {
             attend::body_grouped(
                 qs,
@@ -406,7 +406,7 @@ pub(crate) fn entry<T: Row<__m256>>(
     scale: f32,
     out: &mut [f32],
 ) {
-    entry_many(q, &[n_ctx], kv, scale, out)
+    entry_many(q, &[n_ctx], kv, scale, AttnOut::Whole(out))
 }
 
 /// The AVX2 table's several-query entry ([`attend::attend_many`]), as [`entry`].
@@ -415,9 +415,9 @@ pub(crate) fn entry_many<T: Row<__m256>>(
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
 ) {
-    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    let hd = attend::check_many(qs, n_ctx, &kv, &out);
     if !hd.is_multiple_of(8) {
         // The SIMD loops cover multiples of 8 only; no model has such a head, but stay correct.
         return attend::attend_many_ref(qs, n_ctx, kv, scale, out);
@@ -437,7 +437,7 @@ pub(crate) fn entry512<T: Row<__m512> + Row<__m256>>(
     scale: f32,
     out: &mut [f32],
 ) {
-    entry_many512(q, &[n_ctx], kv, scale, out)
+    entry_many512(q, &[n_ctx], kv, scale, AttnOut::Whole(out))
 }
 
 /// The AVX-512 table's several-query entry, as [`entry512`].
@@ -446,9 +446,9 @@ pub(crate) fn entry_many512<T: Row<__m512> + Row<__m256>>(
     n_ctx: &[usize],
     kv: KvPages<'_, T>,
     scale: f32,
-    out: &mut [f32],
+    out: AttnOut<'_>,
 ) {
-    let hd = attend::check_many(qs, n_ctx, &kv, out);
+    let hd = attend::check_many(qs, n_ctx, &kv, &out);
     if !hd.is_multiple_of(16) {
         return entry_many(qs, n_ctx, kv, scale, out);
     }
