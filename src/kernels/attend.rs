@@ -51,7 +51,7 @@ pub enum AttnOut<'a> {
 }
 
 impl AttnOut<'_> {
-    /// Values this output holds per query and head element (1 for [`AttnOut::Whole`]), for shape checks.
+    /// The output values it holds (all chunks' for [`AttnOut::Chunks`]), for shape checks.
     fn len(&self) -> usize {
         match self {
             AttnOut::Whole(o) => o.len(),
@@ -219,8 +219,7 @@ pub fn attend_many<T: KvElem>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let _ftz = super::fpenv::FlushDenormals::new();
-    T::attend_many_entry(super::kernels())(qs, n_ctx, kv, scale, AttnOut::Whole(out))
+    attend_many_into(qs, n_ctx, kv, scale, AttnOut::Whole(out))
 }
 
 /// [`attend_many`] into any [`AttnOut`]: with [`AttnOut::Chunks`], the unmerged partials of some chunks

@@ -94,8 +94,7 @@ pub fn attend_quant_many<B: KvBlock>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let _ftz = super::fpenv::FlushDenormals::new();
-    attend_quant_many_with(super::kernels(), qs, n_ctx, kv, scale, AttnOut::Whole(out))
+    attend_quant_many_into(qs, n_ctx, kv, scale, AttnOut::Whole(out))
 }
 
 /// [`attend_quant_many`] into any [`AttnOut`], as [`attend_many_into`](super::attend::attend_many_into).

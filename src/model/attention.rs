@@ -523,36 +523,42 @@ fn attend_tiles(
             })
             .collect()
     } else {
-        // Work item (tile, p): chunks p·n/parts .. (p+1)·n/parts of the tile's queries.
-        let items: Vec<(usize, usize)> = (0..tiles.len())
-            .flat_map(|i| (0..parts).map(move |p| (i, p)))
-            .collect();
+        // Per tile, the partials of all its chunks (`[n_chunks × nq]` stats, `[n_chunks × nq × hd]`
+        // outputs); work item (tile, p) fills chunks p·n/parts .. (p+1)·n/parts of them.
         let first = |p: usize| p * n_chunks / parts;
-        let partials: Vec<(Vec<ChunkStat>, Vec<f32>)> = items
-            .par_iter()
-            .map(|&(i, p)| {
-                let (qs, n_ctx) = queries(&tiles[i]);
-                let nc = first(p + 1) - first(p);
-                let mut stats = vec![ChunkStat::EMPTY; nc * n_ctx.len()];
-                let mut part = vec![0f32; nc * qs.len()];
-                let out = AttnOut::Chunks {
-                    first: first(p),
-                    o: &mut part,
-                    stats: &mut stats,
-                };
-                run(tiles[i].0, &qs, &n_ctx, out);
-                (stats, part)
+        let mut partials: Vec<(Vec<ChunkStat>, Vec<f32>)> = tiles
+            .iter()
+            .map(|tile| {
+                let (toks, hs) = span(tile);
+                let nq = toks.len() * hs.len();
+                (
+                    vec![ChunkStat::EMPTY; n_chunks * nq],
+                    vec![0f32; n_chunks * nq * hd],
+                )
             })
             .collect();
-        // Each tile's parts in chunk order, merged.
+        let mut items = Vec::with_capacity(tiles.len() * parts);
+        for (i, (stats, part)) in partials.iter_mut().enumerate() {
+            let nq = stats.len() / n_chunks;
+            let (mut stats, mut part) = (&mut stats[..], &mut part[..]);
+            for p in 0..parts {
+                let nc = first(p + 1) - first(p);
+                let (st, rest) = stats.split_at_mut(nc * nq);
+                stats = rest;
+                let (o, rest) = part.split_at_mut(nc * nq * hd);
+                part = rest;
+                items.push((i, first(p), st, o));
+            }
+        }
+        items.into_par_iter().for_each(|(i, first, stats, o)| {
+            let (qs, n_ctx) = queries(&tiles[i]);
+            run(tiles[i].0, &qs, &n_ctx, AttnOut::Chunks { first, o, stats });
+        });
         partials
-            .chunks_exact(parts)
-            .map(|tile_parts| {
-                let stats: Vec<ChunkStat> =
-                    tile_parts.iter().flat_map(|(s, _)| s.clone()).collect();
-                let part: Vec<f32> = tile_parts.iter().flat_map(|(_, o)| o.clone()).collect();
+            .iter()
+            .map(|(stats, part)| {
                 let mut out = vec![0f32; part.len() / n_chunks];
-                merge_chunks(&stats, &part, &mut out);
+                merge_chunks(stats, part, &mut out);
                 out
             })
             .collect()
