@@ -1,6 +1,7 @@
 //! Attention at depth for profilers and kernel work, no criterion: `cargo run --release --example
-//! attend_probe -- [DEPTH]` runs one KV head of the 0.8B's shape (head dim 256, 4 query heads per KV
-//! head, 2 KV heads per position) for a 64-token prefill chunk after DEPTH positions (default 16384),
+//! attend_probe -- [DEPTH] [TOKENS]` runs one KV head of the 0.8B's shape (head dim 256, 4 query heads per
+//! KV head, 2 KV heads per position) for a TOKENS-token prefill chunk (default 64; 1 is a decoding step)
+//! after DEPTH positions (default 16384),
 //! over an f16 and a Q8_0 cache, on one thread, and prints the fastest of 15 runs and its GFLOP/s (4
 //! flops per query, position and head element: the scores and the weighted values).
 
@@ -13,7 +14,7 @@ fn main() {
     let depth: usize = std::env::args()
         .nth(1)
         .map_or(16384, |s| s.parse().unwrap());
-    let n_tok = 64usize;
+    let n_tok: usize = std::env::args().nth(2).map_or(64, |s| s.parse().unwrap());
     let heads = 4;
     let hd = 256;
     let nkv = 2;

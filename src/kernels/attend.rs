@@ -305,7 +305,7 @@ pub fn attend_many_ref<T: KvElem>(
         kv,
         scale,
         out,
-        |_, qs, k, stride, s, r| {
+        |_, qs, k, _, stride, s, r| {
             for (q, s) in qs.chunks_exact(hd).zip(s.iter_mut()) {
                 for (t, s) in s[..r].iter_mut().enumerate() {
                     *s = dot_ref(q, &k[t * stride..][..hd]);
@@ -420,7 +420,7 @@ pub(crate) fn body_grouped<T: Copy>(
     kv: KvPages<'_, T>,
     scale: f32,
     out: AttnOut<'_>,
-    mut scores: impl FnMut(usize, &[f32], &[T], usize, &mut [[f32; BLOCK]], usize),
+    mut scores: impl FnMut(usize, &[f32], &[T], &[T], usize, &mut [[f32; BLOCK]], usize),
     weights: impl Fn(&mut [f32], f32, &mut f64),
     mut values: impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
 ) {
@@ -454,7 +454,7 @@ pub(crate) fn body_grouped<T: Copy>(
                     g += 1;
                 }
                 let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
-                scores(i, &qs[i * hd..(i + g) * hd], k, stride, &mut s[..g], r);
+                scores(i, &qs[i * hd..(i + g) * hd], k, v, stride, &mut s[..g], r);
                 let outs = &mut acc[i * hd..(i + g) * hd];
                 for ((s, st), out) in s[..g]
                     .iter_mut()

@@ -161,7 +161,7 @@ pub fn attend_quant_many_with<B: KvBlock>(
         kv,
         scale,
         out,
-        |i0, group, key: &[B], stride, s, r| {
+        |i0, group, key: &[B], _, stride, s, r| {
             let g = group.len() / hd;
             let rows = keys.rows(key, stride, r, nb, row_bytes, |row, dst| {
                 dst.copy_from_slice(bytemuck::cast_slice(row))

@@ -229,7 +229,7 @@ fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out:
         out,
         // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
         // are inside its slices.
-        |_, q, k, stride, s, r| unsafe { scores(q, k, stride, s, r) },
+        |_, q, k, _, stride, s, r| unsafe { scores(q, k, stride, s, r) },
         |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
         |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
     )

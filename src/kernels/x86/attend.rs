@@ -27,6 +27,14 @@ pub(crate) trait Vf: Copy {
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
     /// The sum of the lanes, halves added down to one lane (a fixed order).
     unsafe fn hsum(self) -> f32;
+    /// The lane sums of every vector of `acc` into `out` (as many), each vector's sum in one fixed
+    /// order whatever the others are.
+    #[inline(always)]
+    unsafe fn hsums(acc: &[Self], out: &mut [f32]) {
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = a.hsum();
+        }
+    }
 }
 
 impl Vf for __m256 {
@@ -83,8 +91,50 @@ impl Vf for __m512 {
     }
     #[inline(always)]
     unsafe fn hsum(self) -> f32 {
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self)));
-        hsum_ps(_mm256_add_ps(_mm512_castps512_ps256(self), hi))
+        let mut out = [0f32];
+        Self::hsums(&[self], &mut out);
+        out[0]
+    }
+    /// Sixteen vectors at a time, transposed as they are added (30 shuffles and 15 adds for 16 sums,
+    /// where one vector alone takes 4 and 4): every add joins lanes of one vector, so each sum is
+    /// `((c0 + c1) + (c2 + c3))` over its 128-bit chunks, each chunk `(l0 + l2) + (l1 + l3)`, whatever
+    /// the other vectors are (a short batch is padded with zeros).
+    #[inline(always)]
+    unsafe fn hsums(acc: &[Self], out: &mut [f32]) {
+        assert_eq!(acc.len(), out.len(), "hsums: shapes");
+        for (acc, out) in acc.chunks(16).zip(out.chunks_mut(16)) {
+            let mut a = [_mm512_setzero_ps(); 16];
+            a[..acc.len()].copy_from_slice(acc);
+            // [a(2p) l0+l2, a(2p+1) l0+l2, a(2p) l1+l3, a(2p+1) l1+l3] per chunk.
+            let b: [__m512; 8] = core::array::from_fn(|p| {
+                let (x, y) = (a[2 * p], a[2 * p + 1]);
+                _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+            });
+            // Lane k of chunk c: chunk c's sum of a(4p + k).
+            let c: [__m512; 4] = core::array::from_fn(|p| {
+                let (x, y) = (b[2 * p], b[2 * p + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_ps::<0x44>(x, y),
+                    _mm512_shuffle_ps::<0xEE>(x, y),
+                )
+            });
+            // Chunks [c(2p): 0+1, 2+3, c(2p+1): 0+1, 2+3].
+            let d: [__m512; 2] = core::array::from_fn(|p| {
+                let (x, y) = (c[2 * p], c[2 * p + 1]);
+                _mm512_add_ps(
+                    _mm512_shuffle_f32x4::<0x88>(x, y),
+                    _mm512_shuffle_f32x4::<0xDD>(x, y),
+                )
+            });
+            // Lane 4q + k: the sum of a(4q + k).
+            let e = _mm512_add_ps(
+                _mm512_shuffle_f32x4::<0x88>(d[0], d[1]),
+                _mm512_shuffle_f32x4::<0xDD>(d[0], d[1]),
+            );
+            let mut sums = [0f32; 16];
+            _mm512_storeu_ps(sums.as_mut_ptr(), e);
+            out.copy_from_slice(&sums[..out.len()]);
+        }
     }
 }
 
@@ -117,8 +167,30 @@ impl Row<__m512> for f32 {
 impl Row<__m512> for f16 {
     #[inline(always)]
     unsafe fn load(p: *const f16) -> __m512 {
-        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+        cvtph2ps_load(p)
     }
+}
+
+/// `vcvtph2ps` with its load folded in: LLVM emits the intrinsic as the register form with `{sae}`,
+/// which cannot take a memory operand, and on Intel the register form costs a port-5 µop (an FMA port)
+/// that the memory form leaves to the load ports.
+///
+/// # Safety
+/// The CPU must have AVX-512F; 16 values readable at `p`.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn cvtph2ps_load(p: *const f16) -> __m512 {
+    let r: __m512;
+    // SAFETY: reads the 32 bytes at `p`, which the caller guarantees; no other memory.
+    unsafe {
+        core::arch::asm!(
+            "vcvtph2ps {r}, ymmword ptr [{p}]",
+            r = lateout(zmm_reg) r,
+            p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags)
+        );
+    }
+    r
 }
 
 /// `$name`: the grouped body with tiles of `$v`, compiled with `$features`. A macro rather than a
@@ -143,7 +215,7 @@ macro_rules! grouped_body {
                 out,
                 // SAFETY (all three): compiled with this function's features, which the caller
                 // guarantees; each checks that the rows it reads are inside its slices.
-                |_, q, k, stride, s, r| unsafe { scores::<$v, T>(q, k, stride, s, r) },
+                |_, q, k, v, stride, s, r| unsafe { scores::<$v, T>(q, k, v, stride, s, r) },
                 |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
                 |o, w, v, stride, r| unsafe { values::<$v, T>(o, w, v, stride, r) },
             )
@@ -169,6 +241,7 @@ grouped_body!(
 unsafe fn scores<V: Vf, T: Row<V>>(
     qs: &[f32],
     k: &[T],
+    v: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
@@ -176,16 +249,16 @@ unsafe fn scores<V: Vf, T: Row<V>>(
     let g = s.len();
     if g == 8 && V::LANES == 16 {
         // 8 queries × 2 rows: 16 accumulators, each row widened once for 8 queries.
-        return scores_n::<V, T, 8, 2>(qs, k, stride, s, r);
+        return scores_n::<V, T, 8, 2>(qs, k, v, stride, s, r);
     }
     if g > 4 {
         // The first four queries and the rest as two groups: the same operations per pair.
         let hd = qs.len() / g;
         let (s0, s1) = s.split_at_mut(4);
-        scores4::<V, T>(&qs[..4 * hd], k, stride, s0, r);
-        return scores4::<V, T>(&qs[4 * hd..], k, stride, s1, r);
+        scores4::<V, T>(&qs[..4 * hd], k, v, stride, s0, r);
+        return scores4::<V, T>(&qs[4 * hd..], k, v, stride, s1, r);
     }
-    scores4::<V, T>(qs, k, stride, s, r)
+    scores4::<V, T>(qs, k, v, stride, s, r)
 }
 
 /// [`scores`] for 1 to 4 queries (not recursive: a recursive call would not be inlined into the
@@ -194,19 +267,20 @@ unsafe fn scores<V: Vf, T: Row<V>>(
 unsafe fn scores4<V: Vf, T: Row<V>>(
     qs: &[f32],
     k: &[T],
+    v: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
 ) {
     match (s.len(), V::SCORE_ROWS[4 - s.len().clamp(1, 4)]) {
-        (4, 4) => scores_n::<V, T, 4, 4>(qs, k, stride, s, r),
-        (4, _) => scores_n::<V, T, 4, 2>(qs, k, stride, s, r),
-        (3, 4) => scores_n::<V, T, 3, 4>(qs, k, stride, s, r),
-        (3, _) => scores_n::<V, T, 3, 2>(qs, k, stride, s, r),
-        (2, 8) => scores_n::<V, T, 2, 8>(qs, k, stride, s, r),
-        (2, _) => scores_n::<V, T, 2, 4>(qs, k, stride, s, r),
-        (_, 8) => scores_n::<V, T, 1, 8>(qs, k, stride, s, r),
-        _ => scores_n::<V, T, 1, 4>(qs, k, stride, s, r),
+        (4, 4) => scores_n::<V, T, 4, 4>(qs, k, v, stride, s, r),
+        (4, _) => scores_n::<V, T, 4, 2>(qs, k, v, stride, s, r),
+        (3, 4) => scores_n::<V, T, 3, 4>(qs, k, v, stride, s, r),
+        (3, _) => scores_n::<V, T, 3, 2>(qs, k, v, stride, s, r),
+        (2, 8) => scores_n::<V, T, 2, 8>(qs, k, v, stride, s, r),
+        (2, _) => scores_n::<V, T, 2, 4>(qs, k, v, stride, s, r),
+        (_, 8) => scores_n::<V, T, 1, 8>(qs, k, v, stride, s, r),
+        _ => scores_n::<V, T, 1, 4>(qs, k, v, stride, s, r),
     }
 }
 
@@ -214,6 +288,7 @@ unsafe fn scores4<V: Vf, T: Row<V>>(
 unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
     qs: &[f32],
     k: &[T],
+    v: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
@@ -228,6 +303,10 @@ unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
     // Every load is at `c..c + l` < hd of query `j < G` or of key row `< r` (checked above).
     let mut i = 0;
     while i + R <= r {
+        // Decoding reads each row once, straight from memory: fetch the keys a few rows ahead (the
+        // next block's first ones at the end) and this block's values for the value pass to come.
+        prefetch_rows::<_MM_HINT_T0, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
+        prefetch_rows::<_MM_HINT_T1, T>(v.as_ptr(), i * stride, R, stride, hd);
         let mut acc = [[V::zero(); R]; G];
         let mut c = 0;
         while c < hd {
@@ -243,10 +322,10 @@ unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
             }
             c += l;
         }
-        for (s, acc) in s.iter_mut().zip(&acc) {
-            for (t, &a) in acc.iter().enumerate() {
-                s[i + t] = a.hsum();
-            }
+        let mut sums = [[0f32; R]; G];
+        V::hsums(acc.as_flattened(), sums.as_flattened_mut());
+        for (s, sums) in s.iter_mut().zip(&sums) {
+            s[i..i + R].copy_from_slice(sums);
         }
         i += R;
     }
@@ -260,10 +339,36 @@ unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
             }
             c += l;
         }
-        for (s, &a) in s.iter_mut().zip(&acc) {
-            s[i] = a.hsum();
+        let mut sums = [0f32; G];
+        V::hsums(&acc, &mut sums);
+        for (s, &sum) in s.iter_mut().zip(&sums) {
+            s[i] = sum;
         }
         i += 1;
+    }
+}
+
+/// Rows ahead of the one being read that are prefetched.
+const PF_ROWS: usize = 16;
+
+/// Prefetches (into the cache level `HINT` names) `n` rows of `len` elements, `stride` apart, the first
+/// `at` elements after `p`. The addresses may lie past the slice `p` points into (a prefetch never
+/// faults), so they are computed with wrapping arithmetic and never dereferenced.
+#[inline(always)]
+unsafe fn prefetch_rows<const HINT: i32, T>(
+    p: *const T,
+    at: usize,
+    n: usize,
+    stride: usize,
+    len: usize,
+) {
+    for t in 0..n {
+        let row = p.wrapping_add(at + t * stride) as *const i8;
+        let mut b = 0;
+        while b < len * size_of::<T>() {
+            _mm_prefetch::<HINT>(row.wrapping_add(b));
+            b += 64;
+        }
     }
 }
 
