@@ -25,16 +25,9 @@ pub(crate) trait Vf: Copy {
     unsafe fn splat(x: f32) -> Self;
     /// `a·b + c`, one rounding.
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
-    /// The sum of the lanes, halves added down to one lane (a fixed order).
-    unsafe fn hsum(self) -> f32;
     /// The lane sums of every vector of `acc` into `out` (as many), each vector's sum in one fixed
     /// order whatever the others are.
-    #[inline(always)]
-    unsafe fn hsums(acc: &[Self], out: &mut [f32]) {
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = a.hsum();
-        }
-    }
+    unsafe fn hsums(acc: &[Self], out: &mut [f32]);
 }
 
 impl Vf for __m256 {
@@ -60,9 +53,12 @@ impl Vf for __m256 {
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
         _mm256_fmadd_ps(a, b, c)
     }
+    /// One vector at a time: halves added down to one lane ([`hsum_ps`]).
     #[inline(always)]
-    unsafe fn hsum(self) -> f32 {
-        hsum_ps(self)
+    unsafe fn hsums(acc: &[Self], out: &mut [f32]) {
+        for (o, &a) in out.iter_mut().zip(acc) {
+            *o = hsum_ps(a);
+        }
     }
 }
 
@@ -88,12 +84,6 @@ impl Vf for __m512 {
     #[inline(always)]
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
         _mm512_fmadd_ps(a, b, c)
-    }
-    #[inline(always)]
-    unsafe fn hsum(self) -> f32 {
-        let mut out = [0f32];
-        Self::hsums(&[self], &mut out);
-        out[0]
     }
     /// Sixteen vectors at a time, transposed as they are added (30 shuffles and 15 adds for 16 sums,
     /// where one vector alone takes 4 and 4): every add joins lanes of one vector, so each sum is
@@ -231,7 +221,7 @@ grouped_body!(
 );
 
 /// Raw scores of a group of `s.len()` (1 to 8) queries against key rows `0..r`: every (query, row) pair
-/// gets one accumulator over the head, chunk after chunk, and [`Vf::hsum`], whatever the group size.
+/// gets one accumulator over the head, chunk after chunk, and [`Vf::hsums`], whatever the group size.
 /// Tiles of `V::SCORE_ROWS` rows, then rows one at a time.
 ///
 /// # Safety
