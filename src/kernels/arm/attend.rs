@@ -4,6 +4,7 @@
 //! (exact), as the F16 weight kernels do. Both NEON tables share these entries (no dotprod needed).
 
 use core::arch::aarch64::*;
+use core::arch::asm;
 
 use half::f16;
 
@@ -28,30 +29,45 @@ impl Row for f16 {
 /// Raw scores of a group of 1 to 8 queries against key rows `0..r` ([`attend::body_grouped`]): each
 /// (query, row) pair gets two 4-lane accumulators (the halves of each 8-element chunk) over the head,
 /// then their sum across lanes, whatever the group size. Tiles of 4 × 2, 3 × 2, 2 × 4 and 1 × 4 pairs
-/// (16 accumulators at most), then rows one at a time.
+/// (16 accumulators at most), then rows one at a time. Each tile prefetches the key rows [`PF_ROWS`]
+/// ahead and its value rows `v` (see [`prefetch_rows`]).
 ///
 /// # Safety
 /// NEON only (the aarch64 baseline); the loads are checked to stay inside the slices.
 #[inline(always)]
-unsafe fn scores<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
+unsafe fn scores<T: Row>(
+    qs: &[f32],
+    k: &[T],
+    v: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
     if s.len() > 4 {
         // The first four queries and the rest as two groups: the same operations per pair.
         let hd = qs.len() / s.len();
         let (s0, s1) = s.split_at_mut(4);
-        scores4(&qs[..4 * hd], k, stride, s0, r);
-        return scores4(&qs[4 * hd..], k, stride, s1, r);
+        scores4(&qs[..4 * hd], k, v, stride, s0, r);
+        return scores4(&qs[4 * hd..], k, v, stride, s1, r);
     }
-    scores4(qs, k, stride, s, r)
+    scores4(qs, k, v, stride, s, r)
 }
 
 /// [`scores`] for 1 to 4 queries (not recursive, so that it is always inlined).
 #[inline(always)]
-unsafe fn scores4<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLOCK]], r: usize) {
+unsafe fn scores4<T: Row>(
+    qs: &[f32],
+    k: &[T],
+    v: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+) {
     match s.len() {
-        4 => scores_n::<T, 4, 2>(qs, k, stride, s, r),
-        3 => scores_n::<T, 3, 2>(qs, k, stride, s, r),
-        2 => scores_n::<T, 2, 4>(qs, k, stride, s, r),
-        _ => scores_n::<T, 1, 4>(qs, k, stride, s, r),
+        4 => scores_n::<T, 4, 2>(qs, k, v, stride, s, r),
+        3 => scores_n::<T, 3, 2>(qs, k, v, stride, s, r),
+        2 => scores_n::<T, 2, 4>(qs, k, v, stride, s, r),
+        _ => scores_n::<T, 1, 4>(qs, k, v, stride, s, r),
     }
 }
 
@@ -59,6 +75,7 @@ unsafe fn scores4<T: Row>(qs: &[f32], k: &[T], stride: usize, s: &mut [[f32; BLO
 unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
     qs: &[f32],
     k: &[T],
+    v: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
@@ -74,6 +91,10 @@ unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
     // Every load is at `c..c + 8` < hd of query `j < G` or of key row `< r` (checked above).
     let mut i = 0;
     while i + R <= r {
+        // Decoding reads each row once, straight from memory: fetch the keys a few rows ahead (the
+        // next block's first ones at the end) and this block's values for the value pass to come.
+        prefetch_rows::<L1, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
+        prefetch_rows::<L2, T>(v.as_ptr(), i * stride, R, stride, hd);
         let mut acc = [[[z; 2]; R]; G];
         let mut c = 0;
         while c < hd {
@@ -116,6 +137,51 @@ unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
             s[i] = vaddvq_f32(vaddq_f32(a[0], a[1]));
         }
         i += 1;
+    }
+}
+
+/// Rows ahead of the one being read that are prefetched.
+const PF_ROWS: usize = 16;
+
+/// Prefetch targets: `prfm pldl1keep` and `prfm pldl2keep`.
+const L1: u8 = 1;
+const L2: u8 = 2;
+
+/// Prefetches (into cache level `LEVEL`) `n` rows of `len` elements, `stride` apart, the first `at`
+/// elements after `p`. The addresses may lie past the slice `p` points into (a prefetch never faults), so
+/// they are computed with wrapping arithmetic and never dereferenced. (The intrinsic is unstable, so the
+/// instruction is emitted with `asm!`.)
+#[inline(always)]
+unsafe fn prefetch_rows<const LEVEL: u8, T>(
+    p: *const T,
+    at: usize,
+    n: usize,
+    stride: usize,
+    len: usize,
+) {
+    for t in 0..n {
+        let row = p.wrapping_add(at + t * stride) as *const u8;
+        let mut b = 0;
+        while b < len * size_of::<T>() {
+            let a = row.wrapping_add(b);
+            // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the address.
+            unsafe {
+                if LEVEL == L1 {
+                    asm!(
+                        "prfm pldl1keep, [{a}]",
+                        a = in(reg) a,
+                        options(nostack, preserves_flags, readonly)
+                    );
+                } else {
+                    asm!(
+                        "prfm pldl2keep, [{a}]",
+                        a = in(reg) a,
+                        options(nostack, preserves_flags, readonly)
+                    );
+                }
+            }
+            b += 64;
+        }
     }
 }
 
@@ -229,7 +295,7 @@ fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out:
         out,
         // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
         // are inside its slices.
-        |_, q, k, _, stride, s, r| unsafe { scores(q, k, stride, s, r) },
+        |_, q, k, v, stride, s, r| unsafe { scores(q, k, v, stride, s, r) },
         |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
         |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
     )
