@@ -21,6 +21,31 @@ pub(crate) const BLOCK: usize = 128;
 /// MTP verification. A context within one chunk runs exactly as one streaming softmax.
 pub const CHUNK: usize = 2048;
 
+/// Rows ahead of the one being read that the SIMD score tiles prefetch (decoding reads every row once,
+/// straight from memory, and the hardware prefetcher does not keep up with one KV head's rows).
+pub(crate) const PF_ROWS: usize = 16;
+
+/// Calls `fetch` with the address of every 64-byte line of `n` rows of `len` elements, `stride` apart,
+/// the first `at` elements after `p`: the per-ISA tiles pass their prefetch instruction. The addresses may
+/// lie past the slice `p` points into (a prefetch never faults), so they are computed with wrapping
+/// arithmetic and never dereferenced here.
+#[inline(always)]
+pub(crate) fn for_row_lines<T>(
+    p: *const T,
+    at: usize,
+    n: usize,
+    stride: usize,
+    len: usize,
+    mut fetch: impl FnMut(*const u8),
+) {
+    for t in 0..n {
+        let row = p.wrapping_add(at + t * stride) as *const u8;
+        for b in (0..len * size_of::<T>()).step_by(64) {
+            fetch(row.wrapping_add(b));
+        }
+    }
+}
+
 /// One query's softmax over one chunk: the largest scaled score and `Σ e^{s − max}` (0: no positions).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ChunkStat {

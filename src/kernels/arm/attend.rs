@@ -10,7 +10,7 @@ use half::f16;
 
 use super::float::{self, Elem};
 use super::ops::exp_q;
-use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK};
+use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK, PF_ROWS};
 use crate::kernels::dispatch::AttendSteps;
 
 /// A KV element type and its loader of 8 consecutive elements as two f32x4.
@@ -140,49 +140,32 @@ unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
     }
 }
 
-/// Rows ahead of the one being read that are prefetched.
-const PF_ROWS: usize = 16;
-
 /// Prefetch targets: `prfm pldl1keep` and `prfm pldl2keep`.
 const L1: u8 = 1;
 const L2: u8 = 2;
 
-/// Prefetches (into cache level `LEVEL`) `n` rows of `len` elements, `stride` apart, the first `at`
-/// elements after `p`. The addresses may lie past the slice `p` points into (a prefetch never faults), so
-/// they are computed with wrapping arithmetic and never dereferenced. (The intrinsic is unstable, so the
-/// instruction is emitted with `asm!`.)
+/// Prefetches (into cache level `LEVEL`) `n` rows of `len` elements ([`attend::for_row_lines`]). The
+/// intrinsic is unstable, so the instruction is emitted with `asm!`.
 #[inline(always)]
-unsafe fn prefetch_rows<const LEVEL: u8, T>(
-    p: *const T,
-    at: usize,
-    n: usize,
-    stride: usize,
-    len: usize,
-) {
-    for t in 0..n {
-        let row = p.wrapping_add(at + t * stride) as *const u8;
-        let mut b = 0;
-        while b < len * size_of::<T>() {
-            let a = row.wrapping_add(b);
-            // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the address.
-            unsafe {
-                if LEVEL == L1 {
-                    asm!(
-                        "prfm pldl1keep, [{a}]",
-                        a = in(reg) a,
-                        options(nostack, preserves_flags, readonly)
-                    );
-                } else {
-                    asm!(
-                        "prfm pldl2keep, [{a}]",
-                        a = in(reg) a,
-                        options(nostack, preserves_flags, readonly)
-                    );
-                }
+fn prefetch_rows<const LEVEL: u8, T>(p: *const T, at: usize, n: usize, stride: usize, len: usize) {
+    attend::for_row_lines(p, at, n, stride, len, |a| {
+        // SAFETY: a prefetch reads nothing architecturally and never faults, whatever the address.
+        unsafe {
+            if LEVEL == L1 {
+                asm!(
+                    "prfm pldl1keep, [{a}]",
+                    a = in(reg) a,
+                    options(nostack, preserves_flags, readonly)
+                );
+            } else {
+                asm!(
+                    "prfm pldl2keep, [{a}]",
+                    a = in(reg) a,
+                    options(nostack, preserves_flags, readonly)
+                );
             }
-            b += 64;
         }
-    }
+    });
 }
 
 /// `s ← e^{s − max}` by the vector `exp` (the tail through a padded chunk); returns their sum: 4 lanes,

@@ -10,7 +10,7 @@ use half::f16;
 
 use super::hsum_ps;
 use super::ops::exp_ps;
-use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK};
+use crate::kernels::attend::{self, AttnOut, KvElem, KvPages, BLOCK, PF_ROWS};
 use crate::kernels::dispatch::AttendSteps;
 
 /// An f32 vector of `LANES` lanes, with the operations the tiles use.
@@ -338,28 +338,13 @@ unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
     }
 }
 
-/// Rows ahead of the one being read that are prefetched.
-const PF_ROWS: usize = 16;
-
-/// Prefetches (into the cache level `HINT` names) `n` rows of `len` elements, `stride` apart, the first
-/// `at` elements after `p`. The addresses may lie past the slice `p` points into (a prefetch never
-/// faults), so they are computed with wrapping arithmetic and never dereferenced.
+/// Prefetches (into the cache level `HINT` names) `n` rows of `len` elements ([`attend::for_row_lines`]).
 #[inline(always)]
-unsafe fn prefetch_rows<const HINT: i32, T>(
-    p: *const T,
-    at: usize,
-    n: usize,
-    stride: usize,
-    len: usize,
-) {
-    for t in 0..n {
-        let row = p.wrapping_add(at + t * stride) as *const i8;
-        let mut b = 0;
-        while b < len * size_of::<T>() {
-            _mm_prefetch::<HINT>(row.wrapping_add(b));
-            b += 64;
-        }
-    }
+fn prefetch_rows<const HINT: i32, T>(p: *const T, at: usize, n: usize, stride: usize, len: usize) {
+    // SAFETY: SSE is the x86-64 baseline; a prefetch reads nothing architecturally and never faults.
+    attend::for_row_lines(p, at, n, stride, len, |a| unsafe {
+        _mm_prefetch::<HINT>(a as *const i8)
+    });
 }
 
 /// `s ← e^{s − max}` (the 8-lane vector `exp` for both widths, the tail through a padded chunk); returns
