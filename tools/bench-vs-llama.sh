@@ -115,17 +115,27 @@ def load(name):
     with open(os.path.join(out, name)) as f:
         for line in f:
             v = json.loads(line)
-            key = (os.path.basename(v["model_filename"]), int(v["n_threads"]), int(v["n_prompt"]), int(v["n_gen"]))
+            key = (os.path.basename(v["model_filename"]), int(v["n_threads"]), int(v["n_prompt"]), int(v["n_gen"]),
+                   int(v.get("n_depth", 0)))
             rows.setdefault(key, []).append(v)
     return rows
+
+def faster_llama(runs):
+    """llama.cpp's runs of one test under its fastest setting (-fa lists), and that setting's name."""
+    by_fa = {}
+    for v in runs:
+        by_fa.setdefault(v.get("flash_attn"), []).append(v)
+    fa, best = max(by_fa.items(), key=lambda kv: statistics.median(x for v in kv[1] for x in v["samples_ts"]))
+    return best, (f" (-fa {int(fa)})" if len(by_fa) > 1 else "")
 
 ll, dq = load("llama.jsonl"), load("deltaq.jsonl")
 head = ["model", "threads", "test", "llama.cpp t/s", "deltaq t/s", "ratio", "deltaq GB/s", "% of read BW",
         "deltaq peak RSS", "reps"]
 table = [head]
-for key in sorted(set(ll) | set(dq), key=lambda k: (k[0], k[1], k[3] > 0, k[2] + k[3])):
-    f, t, np_, ng = key
-    a = [x for v in ll.get(key, []) for x in v["samples_ts"]]
+for key in sorted(set(ll) | set(dq), key=lambda k: (k[0], k[1], k[4], k[3] > 0, k[2] + k[3])):
+    f, t, np_, ng, depth = key
+    runs, fa = faster_llama(ll[key]) if key in ll else ([], "")
+    a = [x for v in runs for x in v["samples_ts"]]
     b = [x for v in dq.get(key, []) for x in v["samples_ts"]]
     ma = statistics.median(a) if a else None
     mb = statistics.median(b) if b else None
@@ -134,8 +144,8 @@ for key in sorted(set(ll) | set(dq), key=lambda k: (k[0], k[1], k[3] > 0, k[2] +
     bw = statistics.median([v["read_bw_gbps"] for v in dq.get(key, [])]) if key in dq else None
     rss = max((v.get("peak_rss_bytes") or 0) for v in dq[key]) if key in dq else 0
     table.append([
-        f, str(t), f"pp{np_}" if np_ else f"tg{ng}",
-        f"{ma:.2f}" if ma else "-", f"{mb:.2f}" if mb else "-",
+        f, str(t), (f"pp{np_}" if np_ else f"tg{ng}") + (f" @ d{depth}" if depth else ""),
+        f"{ma:.2f}{fa}" if ma else "-", f"{mb:.2f}" if mb else "-",
         f"{mb / ma:.2f}x" if ma and mb else "-",
         f"{gbps:.2f}" if gbps else "-",
         f"{100 * gbps / bw:.0f} % of {bw:.1f}" if gbps and bw else "-",
@@ -150,5 +160,6 @@ for i, r in enumerate(table):
 cpu = next((v["cpu_info"] for vs in dq.values() for v in vs), "?")
 isa = next((v["isa"] for vs in dq.values() for v in vs), "?")
 print(f"\ncpu: {cpu}; deltaq kernels: {isa}; medians of every repetition (reps = llama.cpp/deltaq); "
+      "llama.cpp under its faster setting when LLAMA_ARGS lists several -fa values; "
       "ratio = deltaq / llama.cpp; GB/s = weight bytes per token x median tg speed")
 PY
