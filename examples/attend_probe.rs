@@ -2,7 +2,7 @@
 //! attend_probe -- [DEPTH] [TOKENS]` runs one KV head of the 0.8B's shape (head dim 256, 4 query heads per
 //! KV head, 2 KV heads per position) for a TOKENS-token prefill chunk (default 64; 1 is a decoding step)
 //! after DEPTH positions (default 16384),
-//! over an f16 and a Q8_0 cache, on one thread, and prints the fastest of 15 runs and its GFLOP/s (4
+//! over an f16 and a Q8_0 cache (or only the one named by a third argument, `f16` or `q8_0`), on one thread, and prints the fastest of 15 runs and its GFLOP/s (4
 //! flops per query, position and head element: the scores and the weighted values).
 
 use deltaq::kernels::attend::{attend_many, KvPages};
@@ -50,7 +50,11 @@ fn main() {
     let qs: Vec<f32> = (0..nq * hd).map(|_| 4.0 * rnd()).collect();
     let n_ctx: Vec<usize> = (0..nq).map(|i| depth + i / heads + 1).collect();
     let mut out = vec![0f32; nq * hd];
+    let only = std::env::args().nth(3);
     for kind in ["f16", "q8_0"] {
+        if only.as_deref().is_some_and(|o| o != kind) {
+            continue;
+        }
         let mut ts = vec![];
         for _ in 0..15 {
             let t0 = Instant::now();

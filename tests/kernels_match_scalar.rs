@@ -1296,7 +1296,8 @@ fn few_token_matmul_equals_one_token_bitwise() {
 
 /// Several queries over one KV head at once (the tiled prefill and GQA path) give every query the same
 /// bits as that table's one-query entry, for f32, f16, Q8_0 and Q4_0 caches, queries seeing different
-/// numbers of positions (causal prefill), across score blocks, pages and softmax chunks; and split-K
+/// numbers of positions (causal prefill) or the same (groups of up to 16), across score blocks, pages
+/// and softmax chunks; and split-K
 /// (the chunks computed in separate calls, then merged) gives the same bits again.
 #[test]
 fn attend_many_equals_one_at_a_time() {
@@ -1304,7 +1305,11 @@ fn attend_many_equals_one_at_a_time() {
     let _ftz = deltaq::kernels::fpenv::FlushDenormals::new();
     let (hd, nkv, n_all) = (64, 2, 2 * CHUNK + 400);
     let stride = nkv * hd;
-    let n_ctx = [1usize, n_all, 128, CHUNK + 1, 7, CHUNK, 2 * CHUNK + 1, 300];
+    // Then runs of queries that see the same positions, as a prefill tile far from the causal edge
+    // makes: 17 (AVX-512 groups 16 and takes two 8-query score tiles in turns, then 1) and 12 (8 + 4).
+    let mut n_ctx = vec![1usize, n_all, 128, CHUNK + 1, 7, CHUNK, 2 * CHUNK + 1, 300];
+    n_ctx.extend([n_all; 17]);
+    n_ctx.extend([CHUNK + 1; 12]);
     for k in tables() {
         for page_rows in [KV_PAGE, 100] {
             let mut rng = Rng(41 + page_rows as u64);

@@ -330,6 +330,7 @@ pub fn attend_many_ref<T: KvElem>(
         kv,
         scale,
         out,
+        GROUP,
         |_, qs, k, _, stride, s, r| {
             for (q, s) in qs.chunks_exact(hd).zip(s.iter_mut()) {
                 for (t, s) in s[..r].iter_mut().enumerate() {
@@ -420,11 +421,16 @@ fn axpy_ref<T: KvElem>(y: &mut [f32], a: f32, x: &[T]) {
     }
 }
 
-/// Queries per group in [`body_grouped`].
+/// Queries per group in [`body_grouped`] for most kernels.
 pub(crate) const GROUP: usize = 8;
 
+/// The most queries per group [`body_grouped`] takes (AVX-512's f16/f32 tiles use 16: two score tiles of
+/// 8 queries share each load of a key row from L2, see `x86::attend`).
+pub(crate) const GROUP_MAX: usize = 16;
+
 /// The streaming softmax of several queries over an element cache (`hd = qs.len() / n_ctx.len()`),
-/// for kernels that serve up to [`GROUP`] queries from each load of a key or value row. Within a block
+/// for kernels that serve up to `group` (at most [`GROUP_MAX`]) queries from each load of a key or value
+/// row. Within a block
 /// of positions, consecutive queries that see the same rows of it (the heads of one token, or every
 /// query far from the causal edge) form a group:
 /// - `scores(i0, qs, k, stride, s, r)`: `s[j][..r]` = the raw dot products of query `i0 + j`, the
@@ -445,68 +451,46 @@ pub(crate) fn body_grouped<T: Copy>(
     kv: KvPages<'_, T>,
     scale: f32,
     out: AttnOut<'_>,
+    group: usize,
     mut scores: impl FnMut(usize, &[f32], &[T], &[T], usize, &mut [[f32; BLOCK]], usize),
     weights: impl Fn(&mut [f32], f32, &mut f64),
     mut values: impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
 ) {
-    let (stride, off, page_rows) = (kv.stride, kv.offset, kv.page_rows);
+    assert!(
+        (1..=GROUP_MAX).contains(&group),
+        "body_grouped: group of {group}"
+    );
     let nq = n_ctx.len();
     let hd = qs.len() / nq;
     let n_all = n_ctx.iter().copied().max().unwrap_or(0);
-    let mut s = [[0f32; BLOCK]; GROUP];
-    // The streaming softmax of every query over the blocks starting in positions `lo..hi`, into `acc`
-    // (zeroed here) and `state`.
-    let mut stream = |lo: usize, hi: usize, acc: &mut [f32], state: &mut [ChunkStat]| {
-        acc.fill(0.0);
-        state.fill(ChunkStat::EMPTY);
-        for_each_block(&kv, n_all, lo, hi, |kp, vp, p0, b0, rows| {
-            // Rows of this block query `i` sees (as it would count them alone), 0 if none.
-            let seen = |i: usize| {
-                page_rows
-                    .min(n_ctx[i].saturating_sub(p0))
-                    .saturating_sub(b0)
-                    .min(rows)
-            };
-            let mut i = 0;
-            while i < nq {
-                let r = seen(i);
-                if r == 0 {
-                    i += 1;
-                    continue;
-                }
-                let mut g = 1;
-                while g < GROUP && i + g < nq && seen(i + g) == r {
-                    g += 1;
-                }
-                let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
-                scores(i, &qs[i * hd..(i + g) * hd], k, v, stride, &mut s[..g], r);
-                let outs = &mut acc[i * hd..(i + g) * hd];
-                for ((s, st), out) in s[..g]
-                    .iter_mut()
-                    .zip(&mut state[i..i + g])
-                    .zip(outs.chunks_exact_mut(hd))
-                {
-                    let s = &mut s[..r];
-                    let block_max = scale_max(s, scale);
-                    if block_max > st.max {
-                        // Everything so far was weighted by e^{−max}; move it to the new maximum.
-                        let c = (st.max - block_max).exp();
-                        out.iter_mut().for_each(|o| *o *= c);
-                        st.sum *= c as f64;
-                        st.max = block_max;
-                    }
-                    weights(s, st.max, &mut st.sum);
-                }
-                values(outs, &s[..g], v, stride, r);
-                i += g;
-            }
-        });
-    };
+    let mut s = [[0f32; BLOCK]; GROUP_MAX];
+    // The streaming softmax over the blocks starting in `lo..hi`: a function rather than a closure, so
+    // that it is inlined into the kernel's `#[target_feature]` function and compiled with its features
+    // (a closure written here is compiled for the baseline ISA, and was called: scaling and maxima
+    // ran in SSE).
+    macro_rules! stream {
+        ($lo:expr, $hi:expr, $acc:expr, $state:expr) => {
+            stream_blocks(
+                qs,
+                n_ctx,
+                &kv,
+                scale,
+                ($lo, $hi),
+                group,
+                $acc,
+                $state,
+                &mut s,
+                &mut scores,
+                &weights,
+                &mut values,
+            )
+        };
+    }
     let n_chunks = n_all.div_ceil(CHUNK);
     match out {
         AttnOut::Whole(out) if n_chunks <= 1 => {
             let mut state = vec![ChunkStat::EMPTY; nq];
-            stream(0, n_all, out, &mut state);
+            stream!(0, n_all, out, &mut state);
             normalize(&state, out);
         }
         AttnOut::Whole(out) => {
@@ -516,7 +500,7 @@ pub(crate) fn body_grouped<T: Copy>(
             let mut run = vec![ChunkStat::EMPTY; nq];
             out.fill(0.0);
             for c in 0..n_chunks {
-                stream(c * CHUNK, (c + 1) * CHUNK, &mut acc, &mut state);
+                stream!(c * CHUNK, (c + 1) * CHUNK, &mut acc, &mut state);
                 for (i, (st, o)) in state.iter().zip(acc.chunks_exact(hd)).enumerate() {
                     merge_chunk(&mut run[i], &mut out[i * hd..][..hd], *st, o);
                 }
@@ -530,10 +514,78 @@ pub(crate) fn body_grouped<T: Copy>(
                 .enumerate()
             {
                 let lo = (first + c) * CHUNK;
-                stream(lo, lo + CHUNK, o, st);
+                stream!(lo, lo + CHUNK, o, st);
             }
         }
     }
+}
+
+/// The streaming softmax of every query over the blocks starting in positions `lo..hi`, into `acc`
+/// (zeroed here) and `state`: [`body_grouped`]'s loop over blocks.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn stream_blocks<T: Copy>(
+    qs: &[f32],
+    n_ctx: &[usize],
+    kv: &KvPages<'_, T>,
+    scale: f32,
+    (lo, hi): (usize, usize),
+    group: usize,
+    acc: &mut [f32],
+    state: &mut [ChunkStat],
+    s: &mut [[f32; BLOCK]; GROUP_MAX],
+    scores: &mut impl FnMut(usize, &[f32], &[T], &[T], usize, &mut [[f32; BLOCK]], usize),
+    weights: &impl Fn(&mut [f32], f32, &mut f64),
+    values: &mut impl FnMut(&mut [f32], &[[f32; BLOCK]], &[T], usize, usize),
+) {
+    let (stride, off, page_rows) = (kv.stride, kv.offset, kv.page_rows);
+    let nq = n_ctx.len();
+    let hd = qs.len() / nq;
+    let n_all = n_ctx.iter().copied().max().unwrap_or(0);
+    acc.fill(0.0);
+    state.fill(ChunkStat::EMPTY);
+    for_each_block(kv, n_all, lo, hi, |kp, vp, p0, b0, rows| {
+        // Rows of this block query `i` sees (as it would count them alone), 0 if none.
+        let seen = |i: usize| {
+            page_rows
+                .min(n_ctx[i].saturating_sub(p0))
+                .saturating_sub(b0)
+                .min(rows)
+        };
+        let mut i = 0;
+        while i < nq {
+            let r = seen(i);
+            if r == 0 {
+                i += 1;
+                continue;
+            }
+            let mut g = 1;
+            while g < group && i + g < nq && seen(i + g) == r {
+                g += 1;
+            }
+            let (k, v) = (&kp[b0 * stride + off..], &vp[b0 * stride + off..]);
+            scores(i, &qs[i * hd..(i + g) * hd], k, v, stride, &mut s[..g], r);
+            let outs = &mut acc[i * hd..(i + g) * hd];
+            for ((s, st), out) in s[..g]
+                .iter_mut()
+                .zip(&mut state[i..i + g])
+                .zip(outs.chunks_exact_mut(hd))
+            {
+                let s = &mut s[..r];
+                let block_max = scale_max(s, scale);
+                if block_max > st.max {
+                    // Everything so far was weighted by e^{−max}; move it to the new maximum.
+                    let c = (st.max - block_max).exp();
+                    out.iter_mut().for_each(|o| *o *= c);
+                    st.sum *= c as f64;
+                    st.max = block_max;
+                }
+                weights(s, st.max, &mut st.sum);
+            }
+            values(outs, &s[..g], v, stride, r);
+            i += g;
+        }
+    });
 }
 
 /// Rows `0..r` of the block at `src` (`stride` blocks apart, `nb` blocks each) converted back to back,

@@ -161,6 +161,7 @@ pub fn attend_quant_many_with<B: KvBlock>(
         kv,
         scale,
         out,
+        GROUP,
         |i0, group, key: &[B], _, stride, s, r| {
             let g = group.len() / hd;
             let rows = keys.rows(key, stride, r, nb, row_bytes, |row, dst| {

@@ -276,6 +276,7 @@ fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out:
         kv,
         scale,
         out,
+        attend::GROUP,
         // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
         // are inside its slices.
         |_, q, k, v, stride, s, r| unsafe { scores(q, k, v, stride, s, r) },

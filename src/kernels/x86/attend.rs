@@ -203,9 +203,17 @@ macro_rules! grouped_body {
                 kv,
                 scale,
                 out,
+                // AVX-512: two 8-query score tiles share each key row ([`scores`]).
+                if <$v as Vf>::LANES == 16 {
+                    attend::GROUP_MAX
+                } else {
+                    attend::GROUP
+                },
                 // SAFETY (all three): compiled with this function's features, which the caller
                 // guarantees; each checks that the rows it reads are inside its slices.
-                |_, q, k, v, stride, s, r| unsafe { scores::<$v, T>(q, k, v, stride, s, r) },
+                |i0, q, k, v, stride, s, r| unsafe {
+                    scores::<$v, T>(q, k, v, stride, s, r, i0 == 0)
+                },
                 |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
                 |o, w, v, stride, r| unsafe { values::<$v, T>(o, w, v, stride, r) },
             )
@@ -220,9 +228,10 @@ grouped_body!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl"
 );
 
-/// Raw scores of a group of `s.len()` (1 to 8) queries against key rows `0..r`: every (query, row) pair
-/// gets one accumulator over the head, chunk after chunk, and [`Vf::hsums`], whatever the group size.
-/// Tiles of `V::SCORE_ROWS` rows, then rows one at a time.
+/// Raw scores of a group of `s.len()` (1 to 16) queries against key rows `0..r`: every (query, row)
+/// pair gets one accumulator over the head, chunk after chunk, and [`Vf::hsums`], whatever the group
+/// size. Tiles of `V::SCORE_ROWS` rows, then rows one at a time. `fetch`: prefetch the rows ahead (the
+/// block's first group; the others find them in cache).
 ///
 /// # Safety
 /// The CPU must have what `V` needs (inlined into a [`grouped_body!`] function); the head length a
@@ -235,20 +244,47 @@ unsafe fn scores<V: Vf, T: Row<V>>(
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
+) {
+    let g = s.len();
+    if g == 16 && V::LANES == 16 {
+        // Two tiles of 8 queries × 2 rows take turns on each pair of key rows: a block of keys (64 KiB
+        // in f16) does not stay in L1, and each group streams it from L2 once.
+        return scores_n::<V, T, 8, 2, 2>(qs, k, v, stride, s, r, fetch);
+    }
+    if g > 8 {
+        let hd = qs.len() / g;
+        let (s0, s1) = s.split_at_mut(8);
+        scores8::<V, T>(&qs[..8 * hd], k, v, stride, s0, r, fetch);
+        return scores8::<V, T>(&qs[8 * hd..], k, v, stride, s1, r, false);
+    }
+    scores8::<V, T>(qs, k, v, stride, s, r, fetch)
+}
+
+/// [`scores`] for 1 to 8 queries (not recursive, as [`scores4`]).
+#[inline(always)]
+unsafe fn scores8<V: Vf, T: Row<V>>(
+    qs: &[f32],
+    k: &[T],
+    v: &[T],
+    stride: usize,
+    s: &mut [[f32; BLOCK]],
+    r: usize,
+    fetch: bool,
 ) {
     let g = s.len();
     if g == 8 && V::LANES == 16 {
         // 8 queries × 2 rows: 16 accumulators, each row widened once for 8 queries.
-        return scores_n::<V, T, 8, 2>(qs, k, v, stride, s, r);
+        return scores_n::<V, T, 8, 2, 1>(qs, k, v, stride, s, r, fetch);
     }
     if g > 4 {
         // The first four queries and the rest as two groups: the same operations per pair.
         let hd = qs.len() / g;
         let (s0, s1) = s.split_at_mut(4);
-        scores4::<V, T>(&qs[..4 * hd], k, v, stride, s0, r);
-        return scores4::<V, T>(&qs[4 * hd..], k, v, stride, s1, r);
+        scores4::<V, T>(&qs[..4 * hd], k, v, stride, s0, r, fetch);
+        return scores4::<V, T>(&qs[4 * hd..], k, v, stride, s1, r, false);
     }
-    scores4::<V, T>(qs, k, v, stride, s, r)
+    scores4::<V, T>(qs, k, v, stride, s, r, fetch)
 }
 
 /// [`scores`] for 1 to 4 queries (not recursive: a recursive call would not be inlined into the
@@ -261,78 +297,89 @@ unsafe fn scores4<V: Vf, T: Row<V>>(
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
 ) {
     match (s.len(), V::SCORE_ROWS[4 - s.len().clamp(1, 4)]) {
-        (4, 4) => scores_n::<V, T, 4, 4>(qs, k, v, stride, s, r),
-        (4, _) => scores_n::<V, T, 4, 2>(qs, k, v, stride, s, r),
-        (3, 4) => scores_n::<V, T, 3, 4>(qs, k, v, stride, s, r),
-        (3, _) => scores_n::<V, T, 3, 2>(qs, k, v, stride, s, r),
-        (2, 8) => scores_n::<V, T, 2, 8>(qs, k, v, stride, s, r),
-        (2, _) => scores_n::<V, T, 2, 4>(qs, k, v, stride, s, r),
-        (_, 8) => scores_n::<V, T, 1, 8>(qs, k, v, stride, s, r),
-        _ => scores_n::<V, T, 1, 4>(qs, k, v, stride, s, r),
+        (4, 4) => scores_n::<V, T, 4, 4, 1>(qs, k, v, stride, s, r, fetch),
+        (4, _) => scores_n::<V, T, 4, 2, 1>(qs, k, v, stride, s, r, fetch),
+        (3, 4) => scores_n::<V, T, 3, 4, 1>(qs, k, v, stride, s, r, fetch),
+        (3, _) => scores_n::<V, T, 3, 2, 1>(qs, k, v, stride, s, r, fetch),
+        (2, 8) => scores_n::<V, T, 2, 8, 1>(qs, k, v, stride, s, r, fetch),
+        (2, _) => scores_n::<V, T, 2, 4, 1>(qs, k, v, stride, s, r, fetch),
+        (_, 8) => scores_n::<V, T, 1, 8, 1>(qs, k, v, stride, s, r, fetch),
+        _ => scores_n::<V, T, 1, 4, 1>(qs, k, v, stride, s, r, fetch),
     }
 }
 
+/// `NB` tiles of `G` queries × `R` rows: the `NB` tiles take turns on each `R` key rows.
 #[inline(always)]
-unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize>(
+unsafe fn scores_n<V: Vf, T: Row<V>, const G: usize, const R: usize, const NB: usize>(
     qs: &[f32],
     k: &[T],
     v: &[T],
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
 ) {
-    let (hd, l) = (qs.len() / G, V::LANES);
+    let (hd, l) = (qs.len() / (G * NB), V::LANES);
     assert!(
-        s.len() == G && r <= BLOCK && hd.is_multiple_of(l) && r > 0,
+        s.len() == G * NB && r <= BLOCK && hd.is_multiple_of(l) && r > 0,
         "scores: shapes"
     );
     assert!(k.len() >= (r - 1) * stride + hd, "scores: rows outside k");
-    let (qp, kp) = (qs.as_ptr(), k.as_ptr());
-    // Every load is at `c..c + l` < hd of query `j < G` or of key row `< r` (checked above).
+    let kp = k.as_ptr();
+    // Every load is at `c..c + l` < hd of query `j < G·NB` or of key row `< r` (checked above).
     let mut i = 0;
     while i + R <= r {
         // Decoding reads each row once, straight from memory: fetch the keys a few rows ahead (the
         // next block's first ones at the end) and this block's values for the value pass to come.
-        prefetch_rows::<_MM_HINT_T0, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
-        prefetch_rows::<_MM_HINT_T1, T>(v.as_ptr(), i * stride, R, stride, hd);
-        let mut acc = [[V::zero(); R]; G];
-        let mut c = 0;
-        while c < hd {
-            let mut kr = [V::zero(); R];
-            for (t, kr) in kr.iter_mut().enumerate() {
-                *kr = T::load(kp.add((i + t) * stride + c));
-            }
-            for (j, acc) in acc.iter_mut().enumerate() {
-                let q = V::load(qp.add(j * hd + c));
-                for (a, &kr) in acc.iter_mut().zip(&kr) {
-                    *a = V::fmadd(q, kr, *a);
-                }
-            }
-            c += l;
+        if fetch {
+            prefetch_rows::<_MM_HINT_T0, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
+            prefetch_rows::<_MM_HINT_T1, T>(v.as_ptr(), i * stride, R, stride, hd);
         }
-        let mut sums = [[0f32; R]; G];
-        V::hsums(acc.as_flattened(), sums.as_flattened_mut());
-        for (s, sums) in s.iter_mut().zip(&sums) {
-            s[i..i + R].copy_from_slice(sums);
+        for (b, s) in s.chunks_exact_mut(G).enumerate() {
+            let qp = qs.as_ptr().add(b * G * hd);
+            let mut acc = [[V::zero(); R]; G];
+            let mut c = 0;
+            while c < hd {
+                let mut kr = [V::zero(); R];
+                for (t, kr) in kr.iter_mut().enumerate() {
+                    *kr = T::load(kp.add((i + t) * stride + c));
+                }
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let q = V::load(qp.add(j * hd + c));
+                    for (a, &kr) in acc.iter_mut().zip(&kr) {
+                        *a = V::fmadd(q, kr, *a);
+                    }
+                }
+                c += l;
+            }
+            let mut sums = [[0f32; R]; G];
+            V::hsums(acc.as_flattened(), sums.as_flattened_mut());
+            for (s, sums) in s.iter_mut().zip(&sums) {
+                s[i..i + R].copy_from_slice(sums);
+            }
         }
         i += R;
     }
     while i < r {
-        let mut acc = [V::zero(); G];
-        let mut c = 0;
-        while c < hd {
-            let kr = T::load(kp.add(i * stride + c));
-            for (j, a) in acc.iter_mut().enumerate() {
-                *a = V::fmadd(V::load(qp.add(j * hd + c)), kr, *a);
+        for (b, s) in s.chunks_exact_mut(G).enumerate() {
+            let qp = qs.as_ptr().add(b * G * hd);
+            let mut acc = [V::zero(); G];
+            let mut c = 0;
+            while c < hd {
+                let kr = T::load(kp.add(i * stride + c));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = V::fmadd(V::load(qp.add(j * hd + c)), kr, *a);
+                }
+                c += l;
             }
-            c += l;
-        }
-        let mut sums = [0f32; G];
-        V::hsums(&acc, &mut sums);
-        for (s, &sum) in s.iter_mut().zip(&sums) {
-            s[i] = sum;
+            let mut sums = [0f32; G];
+            V::hsums(&acc, &mut sums);
+            for (s, &sum) in s.iter_mut().zip(&sums) {
+                s[i] = sum;
+            }
         }
         i += 1;
     }
@@ -379,7 +426,7 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
     sum
 }
 
-/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 8) queries whose outputs are
+/// `out_j ← out_j + Σ_{i<r} w[j][i]·v_i` for a group of `w.len()` (1 to 16) queries whose outputs are
 /// consecutive in `out`: two vectors of every output at a time stay in registers while each value row is
 /// loaded once for the group; every element takes one FMA per row, in row order (the same operations
 /// whatever the group size).
@@ -389,6 +436,25 @@ unsafe fn weights(s: &mut [f32], max: f32) -> f32 {
 /// multiple of `V::LANES`.
 #[inline(always)]
 unsafe fn values<V: Vf, T: Row<V>>(
+    out: &mut [f32],
+    w: &[[f32; BLOCK]],
+    v: &[T],
+    stride: usize,
+    r: usize,
+) {
+    if w.len() > 8 {
+        // Sixteen outputs do not fit the registers: the first eight and the rest as two groups.
+        let hd = out.len() / w.len();
+        let (o0, o1) = out.split_at_mut(8 * hd);
+        values8::<V, T>(o0, &w[..8], v, stride, r);
+        return values8::<V, T>(o1, &w[8..], v, stride, r);
+    }
+    values8::<V, T>(out, w, v, stride, r)
+}
+
+/// [`values`] for 1 to 8 queries (not recursive, as [`scores4`]).
+#[inline(always)]
+unsafe fn values8<V: Vf, T: Row<V>>(
     out: &mut [f32],
     w: &[[f32; BLOCK]],
     v: &[T],
