@@ -463,6 +463,16 @@ pub(crate) fn body_grouped<T: Copy>(
     let nq = n_ctx.len();
     let hd = qs.len() / nq;
     let n_all = n_ctx.iter().copied().max().unwrap_or(0);
+    // The tiles load each 64 bytes of a query again for every few key rows, and a Vec is only 16-byte
+    // aligned: unless it happens to be 64-byte aligned, every such load spans two cache lines. An
+    // aligned copy costs one pass over the queries (attend_probe 16384 16: 82.5 -> 84.2 GFLOP/s).
+    let copy: Vec<Line>;
+    let qs = if qs.as_ptr().align_offset(64) == 0 {
+        qs
+    } else {
+        copy = Line::copy_of(qs);
+        &bytemuck::cast_slice::<Line, f32>(&copy)[..qs.len()]
+    };
     let mut s = [[0f32; BLOCK]; GROUP_MAX];
     // The streaming softmax over the blocks starting in `lo..hi`: a function rather than a closure, so
     // that it is inlined into the kernel's `#[target_feature]` function and compiled with its features
@@ -586,6 +596,20 @@ fn stream_blocks<T: Copy>(
             i += g;
         }
     });
+}
+
+/// 64 bytes of f32, aligned to a cache line.
+#[derive(Clone, Copy, bytemuck::Zeroable, bytemuck::Pod)]
+#[repr(C, align(64))]
+struct Line([f32; 16]);
+
+impl Line {
+    /// `x` in lines (the last one padded with zeros).
+    fn copy_of(x: &[f32]) -> Vec<Line> {
+        let mut v = vec![Line([0.0; 16]); x.len().div_ceil(16)];
+        bytemuck::cast_slice_mut::<Line, f32>(&mut v)[..x.len()].copy_from_slice(x);
+        v
+    }
 }
 
 /// Rows `0..r` of the block at `src` (`stride` blocks apart, `nb` blocks each) converted back to back,
