@@ -252,39 +252,25 @@ unsafe fn scores<V: Vf, T: Row<V>>(
         // in f16) does not stay in L1, and each group streams it from L2 once.
         return scores_n::<V, T, 8, 2, 2>(qs, k, v, stride, s, r, fetch);
     }
-    if g > 8 {
-        let hd = qs.len() / g;
-        let (s0, s1) = s.split_at_mut(8);
-        scores8::<V, T>(&qs[..8 * hd], k, v, stride, s0, r, fetch);
-        return scores8::<V, T>(&qs[8 * hd..], k, v, stride, s1, r, false);
+    // Otherwise tiles of 8 queries (AVX-512) or of up to 4, one after the other: the same operations
+    // per pair. Only the first prefetches.
+    let hd = qs.len() / g;
+    let mut at = 0;
+    while at < g {
+        let n = if V::LANES == 16 && g - at >= 8 {
+            8
+        } else {
+            (g - at).min(4)
+        };
+        let (q, s) = (&qs[at * hd..(at + n) * hd], &mut s[at..at + n]);
+        if n == 8 {
+            // 8 queries × 2 rows: 16 accumulators, each row widened once for 8 queries.
+            scores_n::<V, T, 8, 2, 1>(q, k, v, stride, s, r, fetch && at == 0);
+        } else {
+            scores4::<V, T>(q, k, v, stride, s, r, fetch && at == 0);
+        }
+        at += n;
     }
-    scores8::<V, T>(qs, k, v, stride, s, r, fetch)
-}
-
-/// [`scores`] for 1 to 8 queries (not recursive, as [`scores4`]).
-#[inline(always)]
-unsafe fn scores8<V: Vf, T: Row<V>>(
-    qs: &[f32],
-    k: &[T],
-    v: &[T],
-    stride: usize,
-    s: &mut [[f32; BLOCK]],
-    r: usize,
-    fetch: bool,
-) {
-    let g = s.len();
-    if g == 8 && V::LANES == 16 {
-        // 8 queries × 2 rows: 16 accumulators, each row widened once for 8 queries.
-        return scores_n::<V, T, 8, 2, 1>(qs, k, v, stride, s, r, fetch);
-    }
-    if g > 4 {
-        // The first four queries and the rest as two groups: the same operations per pair.
-        let hd = qs.len() / g;
-        let (s0, s1) = s.split_at_mut(4);
-        scores4::<V, T>(&qs[..4 * hd], k, v, stride, s0, r, fetch);
-        return scores4::<V, T>(&qs[4 * hd..], k, v, stride, s1, r, false);
-    }
-    scores4::<V, T>(qs, k, v, stride, s, r, fetch)
 }
 
 /// [`scores`] for 1 to 4 queries (not recursive: a recursive call would not be inlined into the
@@ -442,59 +428,24 @@ unsafe fn values<V: Vf, T: Row<V>>(
     stride: usize,
     r: usize,
 ) {
-    if w.len() > 8 {
-        // Sixteen outputs do not fit the registers: the first eight and the rest as two groups.
-        let hd = out.len() / w.len();
-        let (o0, o1) = out.split_at_mut(8 * hd);
-        values8::<V, T>(o0, &w[..8], v, stride, r);
-        return values8::<V, T>(o1, &w[8..], v, stride, r);
-    }
-    values8::<V, T>(out, w, v, stride, r)
-}
-
-/// [`values`] for 1 to 8 queries (not recursive, as [`scores4`]).
-#[inline(always)]
-unsafe fn values8<V: Vf, T: Row<V>>(
-    out: &mut [f32],
-    w: &[[f32; BLOCK]],
-    v: &[T],
-    stride: usize,
-    r: usize,
-) {
-    let g = w.len();
-    if g > 4 && V::LANES == 8 {
-        // 16 registers: the first four outputs and the rest as two groups (the same operations).
-        let hd = out.len() / g;
-        let (o0, o1) = out.split_at_mut(4 * hd);
-        values4::<V, T>(o0, &w[..4], v, stride, r);
-        return values4::<V, T>(o1, &w[4..], v, stride, r);
-    }
-    match g {
-        8 => values_n::<V, T, 8>(out, w, v, stride, r),
-        7 => values_n::<V, T, 7>(out, w, v, stride, r),
-        6 => values_n::<V, T, 6>(out, w, v, stride, r),
-        5 => values_n::<V, T, 5>(out, w, v, stride, r),
-        4 => values_n::<V, T, 4>(out, w, v, stride, r),
-        3 => values_n::<V, T, 3>(out, w, v, stride, r),
-        2 => values_n::<V, T, 2>(out, w, v, stride, r),
-        _ => values_n::<V, T, 1>(out, w, v, stride, r),
-    }
-}
-
-/// [`values`] for 1 to 4 queries (not recursive, as [`scores4`]).
-#[inline(always)]
-unsafe fn values4<V: Vf, T: Row<V>>(
-    out: &mut [f32],
-    w: &[[f32; BLOCK]],
-    v: &[T],
-    stride: usize,
-    r: usize,
-) {
-    match w.len() {
-        4 => values_n::<V, T, 4>(out, w, v, stride, r),
-        3 => values_n::<V, T, 3>(out, w, v, stride, r),
-        2 => values_n::<V, T, 2>(out, w, v, stride, r),
-        _ => values_n::<V, T, 1>(out, w, v, stride, r),
+    // Groups of up to 8 outputs (AVX-512's 32 registers) or 4 (AVX2's 16), one after the other.
+    let (g, most) = (w.len(), if V::LANES == 16 { 8 } else { 4 });
+    let hd = out.len() / g;
+    let mut at = 0;
+    while at < g {
+        let n = (g - at).min(most);
+        let (o, w) = (&mut out[at * hd..(at + n) * hd], &w[at..at + n]);
+        match n {
+            8 => values_n::<V, T, 8>(o, w, v, stride, r),
+            7 => values_n::<V, T, 7>(o, w, v, stride, r),
+            6 => values_n::<V, T, 6>(o, w, v, stride, r),
+            5 => values_n::<V, T, 5>(o, w, v, stride, r),
+            4 => values_n::<V, T, 4>(o, w, v, stride, r),
+            3 => values_n::<V, T, 3>(o, w, v, stride, r),
+            2 => values_n::<V, T, 2>(o, w, v, stride, r),
+            _ => values_n::<V, T, 1>(o, w, v, stride, r),
+        }
+        at += n;
     }
 }
 
