@@ -430,9 +430,8 @@ pub(crate) const GROUP_MAX: usize = 16;
 
 /// The streaming softmax of several queries over an element cache (`hd = qs.len() / n_ctx.len()`),
 /// for kernels that serve up to `group` (at most [`GROUP_MAX`]) queries from each load of a key or value
-/// row. Within a block
-/// of positions, consecutive queries that see the same rows of it (the heads of one token, or every
-/// query far from the causal edge) form a group:
+/// row. Within a block of positions, consecutive queries that see the same rows of it (the heads of one
+/// token, or every query far from the causal edge) form a group:
 /// - `scores(i0, qs, k, stride, s, r)`: `s[j][..r]` = the raw dot products of query `i0 + j`, the
 ///   group's `j`-th (`qs` holds the group's queries, `hd` values each), with key rows
 ///   `k[i·stride..][..hd]` (`hd` units of the cache), `i < r`;

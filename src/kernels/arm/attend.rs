@@ -29,8 +29,9 @@ impl Row for f16 {
 /// Raw scores of a group of 1 to 8 queries against key rows `0..r` ([`attend::body_grouped`]): each
 /// (query, row) pair gets two 4-lane accumulators (the halves of each 8-element chunk) over the head,
 /// then their sum across lanes, whatever the group size. Tiles of 4 × 2, 3 × 2, 2 × 4 and 1 × 4 pairs
-/// (16 accumulators at most), then rows one at a time. Each tile prefetches the key rows [`PF_ROWS`]
-/// ahead and its value rows `v` (see [`prefetch_rows`]).
+/// (16 accumulators at most), then rows one at a time. With `fetch` (the block's first group; the others
+/// find the rows in cache) each tile prefetches the key rows [`PF_ROWS`] ahead and its value rows `v`
+/// (see [`prefetch_rows`]).
 ///
 /// # Safety
 /// NEON only (the aarch64 baseline); the loads are checked to stay inside the slices.
@@ -42,15 +43,16 @@ unsafe fn scores<T: Row>(
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
 ) {
     if s.len() > 4 {
         // The first four queries and the rest as two groups: the same operations per pair.
         let hd = qs.len() / s.len();
         let (s0, s1) = s.split_at_mut(4);
-        scores4(&qs[..4 * hd], k, v, stride, s0, r);
-        return scores4(&qs[4 * hd..], k, v, stride, s1, r);
+        scores4(&qs[..4 * hd], k, v, stride, s0, r, fetch);
+        return scores4(&qs[4 * hd..], k, v, stride, s1, r, false);
     }
-    scores4(qs, k, v, stride, s, r)
+    scores4(qs, k, v, stride, s, r, fetch)
 }
 
 /// [`scores`] for 1 to 4 queries (not recursive, so that it is always inlined).
@@ -62,12 +64,13 @@ unsafe fn scores4<T: Row>(
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
 ) {
     match s.len() {
-        4 => scores_n::<T, 4, 2>(qs, k, v, stride, s, r),
-        3 => scores_n::<T, 3, 2>(qs, k, v, stride, s, r),
-        2 => scores_n::<T, 2, 4>(qs, k, v, stride, s, r),
-        _ => scores_n::<T, 1, 4>(qs, k, v, stride, s, r),
+        4 => scores_n::<T, 4, 2>(qs, k, v, stride, s, r, fetch),
+        3 => scores_n::<T, 3, 2>(qs, k, v, stride, s, r, fetch),
+        2 => scores_n::<T, 2, 4>(qs, k, v, stride, s, r, fetch),
+        _ => scores_n::<T, 1, 4>(qs, k, v, stride, s, r, fetch),
     }
 }
 
@@ -79,6 +82,7 @@ unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
     stride: usize,
     s: &mut [[f32; BLOCK]],
     r: usize,
+    fetch: bool,
 ) {
     let hd = qs.len() / G;
     assert!(
@@ -93,8 +97,10 @@ unsafe fn scores_n<T: Row, const G: usize, const R: usize>(
     while i + R <= r {
         // Decoding reads each row once, straight from memory: fetch the keys a few rows ahead (the
         // next block's first ones at the end) and this block's values for the value pass to come.
-        prefetch_rows::<L1, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
-        prefetch_rows::<L2, T>(v.as_ptr(), i * stride, R, stride, hd);
+        if fetch {
+            prefetch_rows::<L1, T>(kp, (i + PF_ROWS) * stride, R, stride, hd);
+            prefetch_rows::<L2, T>(v.as_ptr(), i * stride, R, stride, hd);
+        }
         let mut acc = [[[z; 2]; R]; G];
         let mut c = 0;
         while c < hd {
@@ -279,7 +285,7 @@ fn run<T: Row>(qs: &[f32], n_ctx: &[usize], kv: KvPages<'_, T>, scale: f32, out:
         attend::GROUP,
         // SAFETY (all three): NEON is part of the aarch64 baseline; each checks that the rows it reads
         // are inside its slices.
-        |_, q, k, v, stride, s, r| unsafe { scores(q, k, v, stride, s, r) },
+        |i0, q, k, v, stride, s, r| unsafe { scores(q, k, v, stride, s, r, i0 == 0) },
         |s, max, sum| *sum += unsafe { weights(s, max) } as f64,
         |o, w, v, stride, r| unsafe { values(o, w, v, stride, r) },
     )
