@@ -104,7 +104,7 @@ fn run(
     let rb = w.len() / N;
     // Decode items as `matmul` cuts them (about 256 KiB of weights each).
     let chunk = if n_tok == 1 {
-        kernels::decode_rows_per_item(w.len(), N, rayon::current_num_threads())
+        kernels::decode_rows_per_item(w.len(), N, rayon::current_num_threads(), 1)
     } else {
         32
     };

@@ -276,6 +276,13 @@ const GEMM_MIN_TOKENS: usize = 16;
 /// 13.3 and 14.3 GB/s; larger ones no faster.
 const DECODE_ITEM_BYTES: usize = 256 << 10;
 
+/// Weight bytes per work item for 2 to [`FEW_TOKENS`] tokens, at most. Their tiles read more streams at
+/// once (16 rows on AVX-512 for Q4_K) and each stream moves more slowly, so the ramp-up at an item's start
+/// costs them more: from memory on the 2-core Intel Xeon VM (`examples/few_tokens`, 2 threads, medians of
+/// per-round ratios), 3 tokens took 1.22–1.27× one token's time with 256 KiB items and 1.12–1.16× with
+/// 2 MiB (Q4_K 12288×4096), 1.18× and 1.08–1.11× (Q6_K 4096×12288); 4 and 16 MiB were no better.
+const FEW_TOKEN_ITEM_BYTES: usize = 2 << 20;
+
 /// Weight rows per work item: in decode and for few tokens (≤ [`FEW_TOKENS`], which the kernels run in
 /// the decode layout: each weight row read once for all tokens), the weight cut into at most
 /// [`DECODE_ITEM_BYTES`] pieces, their count a multiple of the threads so that each thread streams the
@@ -283,17 +290,28 @@ const DECODE_ITEM_BYTES: usize = 256 << 10;
 /// row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
     if n_tokens <= FEW_TOKENS {
-        decode_rows_per_item(w.data.len(), w.n_out, rayon::current_num_threads())
+        decode_rows_per_item(
+            w.data.len(),
+            w.n_out,
+            rayon::current_num_threads(),
+            n_tokens,
+        )
     } else {
         ROW_BLOCK
     }
 }
 
-/// Rows per decode work item for a weight of `bytes` in `n_out` rows on `threads` threads (see
-/// [`DECODE_ITEM_BYTES`]); public so that the kernel benchmarks split a matrix as decoding does.
-pub fn decode_rows_per_item(bytes: usize, n_out: usize, threads: usize) -> usize {
+/// Rows per decode work item for a weight of `bytes` in `n_out` rows on `threads` threads with `n_tokens`
+/// (≤ [`FEW_TOKENS`]) tokens (see [`DECODE_ITEM_BYTES`], [`FEW_TOKEN_ITEM_BYTES`]); public so that the
+/// kernel benchmarks split a matrix as decoding does.
+pub fn decode_rows_per_item(bytes: usize, n_out: usize, threads: usize, n_tokens: usize) -> usize {
     let threads = threads.max(1);
-    let items = bytes.div_ceil(DECODE_ITEM_BYTES).div_ceil(threads) * threads;
+    let item_bytes = if n_tokens > 1 {
+        FEW_TOKEN_ITEM_BYTES
+    } else {
+        DECODE_ITEM_BYTES
+    };
+    let items = bytes.div_ceil(item_bytes).div_ceil(threads) * threads;
     n_out.div_ceil(items).next_multiple_of(4)
 }
 
