@@ -284,10 +284,10 @@ const DECODE_ITEM_BYTES: usize = 256 << 10;
 const FEW_TOKEN_ITEM_BYTES: usize = 2 << 20;
 
 /// Weight rows per work item: in decode and for few tokens (≤ [`FEW_TOKENS`], which the kernels run in
-/// the decode layout: each weight row read once for all tokens), the weight cut into at most
-/// [`DECODE_ITEM_BYTES`] pieces, their count a multiple of the threads so that each thread streams the
-/// same amount (memory-bound); [`ROW_BLOCK`] × [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels'
-/// row tiles).
+/// the decode layout: each weight row read once for all tokens), the weight cut into pieces of at most
+/// [`DECODE_ITEM_BYTES`] (one token) or [`FEW_TOKEN_ITEM_BYTES`] (2 or more), their count a multiple of
+/// the threads so that each thread streams the same amount (memory-bound); [`ROW_BLOCK`] ×
+/// [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
     if n_tokens <= FEW_TOKENS {
         decode_rows_per_item(
