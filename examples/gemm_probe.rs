@@ -1,0 +1,76 @@
+//! Single-thread speed of the table's prefill GEMM (`Kernels::quant_gemm`) on one weight in cache, as
+//! `matmul` calls it (items of 64 rows × all tokens): `cargo run --release --example gemm_probe --
+//! [TYPE] [n_in] [n_out] [tokens] [reps] [isa]` (default Q4_K 1024 3584 512 15, the best ISA). Prints the
+//! median and best time per product and the multiply-adds per second (GMAC/s).
+
+use std::time::Instant;
+
+use deltaq::kernels::{self, GemmOut, Isa};
+use deltaq::quant::{self, GgmlType};
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let ty = GgmlType::from_name(args.get(1).map_or("Q4_K", |s| s)).expect("type");
+    let n_in: usize = args.get(2).map_or(1024, |s| s.parse().unwrap());
+    let n_out: usize = args.get(3).map_or(3584, |s| s.parse().unwrap());
+    let n_tok: usize = args.get(4).map_or(512, |s| s.parse().unwrap());
+    let reps: usize = args.get(5).map_or(15, |s| s.parse().unwrap());
+    let k = match args.get(6) {
+        Some(s) => kernels::by_isa(Isa::from_name(s).expect("isa")).expect("ISA on this CPU"),
+        None => kernels::kernels(),
+    };
+    let g = k
+        .quant_gemm
+        .filter(|g| (g.supports)(ty))
+        .expect("a GEMM for this type");
+
+    let mut s = 1u64;
+    let mut rnd = || {
+        s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+        (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    };
+    let rb = ty.row_bytes(n_in as u64).expect("row length") as usize;
+    let mut w = vec![0u8; rb * n_out];
+    for o in w.chunks_exact_mut(rb) {
+        let x: Vec<f32> = (0..n_in).map(|_| rnd()).collect();
+        quant::quantize_row(ty, &x, o).expect("a type deltaq writes");
+    }
+    let act = ty.vec_dot_type();
+    let ab = act.row_bytes(n_in as u64).unwrap() as usize;
+    let mut a = vec![0u8; n_tok * ab];
+    for q in a.chunks_exact_mut(ab) {
+        let x: Vec<f32> = (0..n_in).map(|_| rnd()).collect();
+        (k.quantize_act)(act, &x, q);
+    }
+    let mut out = vec![0f32; 64 * n_tok];
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps + 1 {
+        let t0 = Instant::now();
+        for r0 in (0..n_out).step_by(64) {
+            let rows = 64.min(n_out - r0);
+            (g.run)(
+                ty,
+                &w[r0 * rb..(r0 + rows) * rb],
+                &a,
+                GemmOut::new(&mut out[..rows * n_tok], n_tok),
+            );
+        }
+        times.push(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&out);
+    times.remove(0);
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let macs = (n_in * n_out * n_tok) as f64;
+    println!(
+        "{} {}x{} x {} tokens, {}: median {:.2} ms ({:.1} GMAC/s), best {:.2} ms ({:.1} GMAC/s)",
+        ty.name(),
+        n_out,
+        n_in,
+        n_tok,
+        k.isa.name(),
+        times[reps / 2] * 1e3,
+        macs / times[reps / 2] / 1e9,
+        times[0] * 1e3,
+        macs / times[0] / 1e9
+    );
+}
