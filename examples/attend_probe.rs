@@ -1,7 +1,7 @@
 //! Attention at depth for profilers and kernel work, no criterion: `cargo run --release --example
 //! attend_probe -- [DEPTH] [TOKENS]` runs one KV head of the 0.8B's shape (head dim 256, 4 query heads per
-//! KV head, 2 KV heads per position) for a TOKENS-token prefill chunk (default 64; 1 is a decoding step)
-//! after DEPTH positions (default 16384),
+//! KV head, the head's rows back to back in pages of `KV_PAGE` positions, as the cache stores them) for a
+//! TOKENS-token prefill chunk (default 64; 1 is a decoding step) after DEPTH positions (default 16384),
 //! over an f16 and a Q8_0 cache (or only the one named by a third argument, `f16` or `q8_0`), on one thread, and prints the fastest of 15 runs and its GFLOP/s (4
 //! flops per query, position and head element: the scores and the weighted values).
 
@@ -17,9 +17,9 @@ fn main() {
     let n_tok: usize = std::env::args().nth(2).map_or(64, |s| s.parse().unwrap());
     let heads = 4;
     let hd = 256;
-    let nkv = 2;
     let n_all = depth + n_tok;
-    let stride = nkv * hd;
+    // The cache stores each KV head's rows back to back, in pages of its own.
+    let stride = hd;
     let mut x = 1u32;
     let mut rnd = || {
         x = x.wrapping_mul(1664525).wrapping_add(1013904223);
@@ -27,7 +27,7 @@ fn main() {
     };
     let kf: Vec<f32> = (0..n_all * stride).map(|_| rnd()).collect();
     let vf: Vec<f32> = (0..n_all * stride).map(|_| rnd()).collect();
-    let page = 4096;
+    let page = deltaq::model::KV_PAGE;
     let kp: Vec<Vec<f16>> = kf
         .chunks(page * stride)
         .map(|c| c.iter().map(|&v| f16::from_f32(v)).collect())

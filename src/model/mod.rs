@@ -177,7 +177,8 @@ impl<'m> Session<'m> {
                 LayerKind::Attention => LayerState::Attention(KvCache::new(
                     kv_type,
                     n_ctx,
-                    hp.n_head_kv[il] * hp.head_dim,
+                    hp.n_head_kv[il],
+                    hp.head_dim,
                 )),
                 LayerKind::DeltaNet => LayerState::DeltaNet(DeltaState::new(hp)),
             })

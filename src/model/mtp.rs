@@ -71,9 +71,9 @@ impl MtpState {
     pub fn new(model: &Model, n_ctx: usize, kv_type: KvType) -> Result<MtpState> {
         weights(model)?;
         let hp = &model.hp;
-        let row = hp.n_head_kv[hp.n_layer] * hp.head_dim;
+        let heads = hp.n_head_kv[hp.n_layer];
         Ok(MtpState {
-            kv: LayerState::Attention(KvCache::new(kv_type, n_ctx, row)),
+            kv: LayerState::Attention(KvCache::new(kv_type, n_ctx, heads, hp.head_dim)),
             pending_tok: Vec::new(),
             pending_h: Vec::new(),
             h_last: vec![0.0; hp.n_embd],
