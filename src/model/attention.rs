@@ -193,9 +193,8 @@ impl<T: KvStore> KvPaged<T> {
         pages.map(Vec::capacity).sum::<usize>() * std::mem::size_of::<T>()
     }
 
-    /// The view of KV head `m` (of `hd` units) for the attention kernel.
-    fn head(&self, m: usize, hd: usize) -> KvPages<'_, T> {
-        assert_eq!(hd, self.row, "KV head of {hd} units");
+    /// The view of KV head `m` for the attention kernel.
+    fn head(&self, m: usize) -> KvPages<'_, T> {
         KvPages {
             k: &self.k[m],
             v: &self.v[m],
@@ -443,7 +442,7 @@ fn attend_all<T: KvElem>(
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
     attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
-        attend_many_into(qs, n_ctx, c.head(m, hd), scale, out)
+        attend_many_into(qs, n_ctx, c.head(m), scale, out)
     });
 }
 
@@ -460,7 +459,7 @@ fn attend_all_blocks<B: KvBlock>(
 ) {
     let scale = 1.0 / (hd as f32).sqrt();
     attend_tiles(qg, nh, nkv, hd, pos0, o, |m, qs, n_ctx, out| {
-        attend_quant_many_into(qs, n_ctx, c.head(m, hd / B::BLOCK), scale, out)
+        attend_quant_many_into(qs, n_ctx, c.head(m), scale, out)
     });
 }
 
@@ -726,7 +725,7 @@ mod tests {
         c.push(&k[(KV_PAGE + 3) * row..], &v[(KV_PAGE + 3) * row..]);
         let KvCache::F32(p) = &c else { unreachable!() };
         for m in 0..heads {
-            let view = p.head(m, hd);
+            let view = p.head(m);
             assert_eq!((view.stride, view.offset), (hd, 0));
             for pos in [0, 4, 5, KV_PAGE - 1, KV_PAGE, KV_PAGE + 3, n_ctx - 1] {
                 let (page, at) = (pos / KV_PAGE, (pos % KV_PAGE) * hd);
