@@ -192,6 +192,10 @@ pub struct OpsFns {
     /// `δ = β (v_j − row·k)`, `row ← row + δ k`, `out_j = row·q`. With `from`, the state before the
     /// step is read there instead and `m` only written (the same bits as copying it to `m` first).
     pub delta_step: DeltaStep,
+    /// Causal depthwise conv + SiLU over rows (DeltaNet's qkv conv): with `C = taps.len() / kk`,
+    /// `y[t][c] = silu(Σ_j taps[j][c] · x[t + j][c])` for every row `t` of `y` (`[T × C]`), `taps`
+    /// `[kk × C]`, `x` `[(T + kk − 1) × C]`; the sum from 0 in tap order, multiplies and adds separate.
+    pub conv_silu: fn(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]),
 }
 
 /// The signature of [`OpsFns::delta_step`]: `(from, m, q, k, v, decay, beta, out)`.

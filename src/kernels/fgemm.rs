@@ -224,14 +224,121 @@ fn gemm_body<const FMA: bool>(x: &Args, c: &mut [f32], done_m: usize, done_n: us
     }
 }
 
-/// `dst[j][i] = src[i][j]` for a `rows × cols` row-major `src`.
+/// `dst[j][i] = src[i][j]` for a `rows × cols` row-major `src`: 8 × 8 blocks in registers with AVX2
+/// (4 × 4 with NEON), the edges element by element.
 pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
+    #[cfg(target_arch = "x86_64")]
+    if matches!(super::kernels().isa, super::Isa::Avx2 | super::Isa::Avx512) {
+        // SAFETY: both tables are only handed out after AVX2 was detected; the lengths are checked.
+        return unsafe { transpose_avx2(src, rows, cols, dst) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: NEON is part of every aarch64 CPU; the lengths are checked.
+    return unsafe { transpose_neon(src, rows, cols, dst) };
+    #[allow(unreachable_code)]
+    transpose_ref(src, rows, cols, dst, 0, 0)
+}
+
+/// The elements of [`transpose`] outside the first `done_r` rows × `done_c` columns.
+fn transpose_ref(
+    src: &[f32],
+    rows: usize,
+    cols: usize,
+    dst: &mut [f32],
+    done_r: usize,
+    done_c: usize,
+) {
     for i in 0..rows {
-        for j in 0..cols {
+        let first = if i < done_r { done_c } else { 0 };
+        for j in first..cols {
             dst[j * rows + i] = src[i * cols + j];
         }
     }
+}
+
+/// # Safety
+/// The CPU must have AVX2; `src` and `dst` must hold `rows × cols` elements.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_avx2(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    use core::arch::x86_64::*;
+    let (full_r, full_c) = (rows / 8 * 8, cols / 8 * 8);
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for i in (0..full_r).step_by(8) {
+        for j in (0..full_c).step_by(8) {
+            // SAFETY (loads and stores): i + 8 ≤ rows and j + 8 ≤ cols.
+            let r: [__m256; 8] =
+                core::array::from_fn(|k| _mm256_loadu_ps(sp.add((i + k) * cols + j)));
+            // Pairs of rows interleaved, then pairs of pairs, then the 128-bit halves swapped.
+            let t0 = _mm256_unpacklo_ps(r[0], r[1]);
+            let t1 = _mm256_unpackhi_ps(r[0], r[1]);
+            let t2 = _mm256_unpacklo_ps(r[2], r[3]);
+            let t3 = _mm256_unpackhi_ps(r[2], r[3]);
+            let t4 = _mm256_unpacklo_ps(r[4], r[5]);
+            let t5 = _mm256_unpackhi_ps(r[4], r[5]);
+            let t6 = _mm256_unpacklo_ps(r[6], r[7]);
+            let t7 = _mm256_unpackhi_ps(r[6], r[7]);
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2);
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2);
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3);
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3);
+            let u4 = _mm256_shuffle_ps::<0x44>(t4, t6);
+            let u5 = _mm256_shuffle_ps::<0xEE>(t4, t6);
+            let u6 = _mm256_shuffle_ps::<0x44>(t5, t7);
+            let u7 = _mm256_shuffle_ps::<0xEE>(t5, t7);
+            let out = [
+                _mm256_permute2f128_ps::<0x20>(u0, u4),
+                _mm256_permute2f128_ps::<0x20>(u1, u5),
+                _mm256_permute2f128_ps::<0x20>(u2, u6),
+                _mm256_permute2f128_ps::<0x20>(u3, u7),
+                _mm256_permute2f128_ps::<0x31>(u0, u4),
+                _mm256_permute2f128_ps::<0x31>(u1, u5),
+                _mm256_permute2f128_ps::<0x31>(u2, u6),
+                _mm256_permute2f128_ps::<0x31>(u3, u7),
+            ];
+            for (k, v) in out.iter().enumerate() {
+                _mm256_storeu_ps(dp.add((j + k) * rows + i), *v);
+            }
+        }
+    }
+    transpose_ref(src, rows, cols, dst, full_r, full_c)
+}
+
+/// # Safety
+/// `src` and `dst` must hold `rows × cols` elements.
+#[cfg(target_arch = "aarch64")]
+unsafe fn transpose_neon(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    use core::arch::aarch64::*;
+    let (full_r, full_c) = (rows / 4 * 4, cols / 4 * 4);
+    let (sp, dp) = (src.as_ptr(), dst.as_mut_ptr());
+    for i in (0..full_r).step_by(4) {
+        for j in (0..full_c).step_by(4) {
+            // SAFETY (loads and stores): i + 4 ≤ rows and j + 4 ≤ cols.
+            let r: [float32x4_t; 4] =
+                core::array::from_fn(|k| vld1q_f32(sp.add((i + k) * cols + j)));
+            // Pairs of rows interleaved, then the 64-bit halves of pairs of pairs.
+            let (t0, t1) = (vtrn1q_f32(r[0], r[1]), vtrn2q_f32(r[0], r[1]));
+            let (t2, t3) = (vtrn1q_f32(r[2], r[3]), vtrn2q_f32(r[2], r[3]));
+            let lo = |a: float32x4_t, b: float32x4_t| {
+                vreinterpretq_f32_f64(vtrn1q_f64(
+                    vreinterpretq_f64_f32(a),
+                    vreinterpretq_f64_f32(b),
+                ))
+            };
+            let hi = |a: float32x4_t, b: float32x4_t| {
+                vreinterpretq_f32_f64(vtrn2q_f64(
+                    vreinterpretq_f64_f32(a),
+                    vreinterpretq_f64_f32(b),
+                ))
+            };
+            let out = [lo(t0, t2), lo(t1, t3), hi(t0, t2), hi(t1, t3)];
+            for (k, v) in out.iter().enumerate() {
+                vst1q_f32(dp.add((j + k) * rows + i), *v);
+            }
+        }
+    }
+    transpose_ref(src, rows, cols, dst, full_r, full_c)
 }
 
 #[cfg(test)]
@@ -284,6 +391,33 @@ mod tests {
             ));
         }
         out
+    }
+
+    /// Every shape's transpose, blocks and edges, element for element.
+    #[test]
+    fn transpose_moves_every_element() {
+        for (rows, cols) in [
+            (1, 1),
+            (8, 8),
+            (16, 24),
+            (64, 128),
+            (128, 64),
+            (9, 17),
+            (13, 5),
+            (4, 12),
+        ] {
+            let src: Vec<f32> = (0..rows * cols).map(|v| v as f32).collect();
+            let mut want = vec![f32::NAN; rows * cols];
+            transpose_ref(&src, rows, cols, &mut want, 0, 0);
+            let mut got = vec![f32::NAN; rows * cols];
+            transpose(&src, rows, cols, &mut got);
+            for i in 0..rows {
+                for j in 0..cols {
+                    assert_eq!(want[j * rows + i], src[i * cols + j]);
+                }
+            }
+            assert_eq!(got, want, "{rows}x{cols}");
+        }
     }
 
     #[test]

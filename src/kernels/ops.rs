@@ -56,6 +56,24 @@ pub fn silu_in_place(x: &mut [f32]) {
     (super::kernels().ops.silu)(x)
 }
 
+/// Causal depthwise conv + SiLU over the rows of `y` (`[T × C]`): `y[t] = silu(Σ_j taps[j] ⊙ x[t + j])`,
+/// `taps` `[kk × C]`, `x` `[(T + kk − 1) × C]` (see [`super::OpsFns::conv_silu`]).
+pub fn conv_silu(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
+    (super::kernels().ops.conv_silu)(taps, kk, x, y)
+}
+
+/// Checks [`conv_silu`]'s lengths; returns `C`.
+pub(crate) fn check_conv(taps: &[f32], kk: usize, x: &[f32], y: &[f32]) -> usize {
+    assert!(kk > 0 && taps.len().is_multiple_of(kk), "conv_silu: taps");
+    let c = taps.len() / kk;
+    assert!(c > 0 && y.len().is_multiple_of(c), "conv_silu: rows");
+    assert!(
+        x.len() >= y.len() + (kk - 1) * c,
+        "conv_silu: input window too short"
+    );
+    c
+}
+
 /// SwiGLU: `g ← silu(g) ⊙ u`.
 pub fn swiglu(g: &mut [f32], u: &[f32]) {
     (super::kernels().ops.swiglu)(g, u)

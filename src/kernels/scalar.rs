@@ -2,7 +2,7 @@
 
 use super::attend::{attend_many_ref, attend_ref, values_ref, weights_ref};
 use super::dispatch::{AttendSteps, Isa, Kernels, OpsFns};
-use super::ops::{axpy, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
+use super::ops::{axpy, check_conv, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -35,6 +35,7 @@ pub static OPS: OpsFns = OpsFns {
     sigmoid_mul: sigmoid_mul_ref,
     rope: rope_ref,
     delta_step: delta_step_ref,
+    conv_silu: conv_silu_ref,
 };
 
 /// Quantized weight rows · quantized activation rows, block by block (`BlockFormat::vec_dot_ref`).
@@ -155,6 +156,19 @@ pub fn sigmoid_ref(x: &mut [f32]) {
 
 pub fn silu_ref(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = silu(*v));
+}
+
+pub fn conv_silu_ref(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
+    let c = check_conv(taps, kk, x, y);
+    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+        for (i, y) in yt.iter_mut().enumerate() {
+            let mut s = 0.0f32;
+            for j in 0..kk {
+                s += taps[j * c + i] * x[(t + j) * c + i];
+            }
+            *y = silu(s);
+        }
+    }
 }
 
 pub fn swiglu_ref(g: &mut [f32], u: &[f32]) {

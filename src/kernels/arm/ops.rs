@@ -9,7 +9,7 @@ use core::arch::aarch64::*;
 
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{l2_scale, rms_scale, sigmoid, silu};
+use crate::kernels::ops::{check_conv, l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry (NEON is part of every aarch64 CPU, so the wrappers need no feature check).
 pub(super) static OPS: OpsFns = OpsFns {
@@ -26,6 +26,7 @@ pub(super) static OPS: OpsFns = OpsFns {
     // The reference, which the compiler vectorises with NEON (baseline on aarch64); not measured on a
     // Cortex-A76 against a hand-written one.
     delta_step: crate::kernels::scalar::delta_step_ref,
+    conv_silu,
 };
 
 /// `eˣ` per lane (Cephes `expf`), as the x86 `exp_ps`: `x = n ln2 + r`, a degree-7 polynomial for `eʳ`,
@@ -254,5 +255,33 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let (a, b) = (lo[i], hi[i]);
         lo[i] = a * cos[i] - b * sin[i];
         hi[i] = a * sin[i] + b * cos[i];
+    }
+}
+
+fn conv_silu(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
+    let c = check_conv(taps, kk, x, y);
+    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+        let xt = &x[t * c..];
+        let mut i = 0;
+        // SAFETY: baseline NEON; with the lengths checked, row `t`'s loads at `(t + j)·C + i + 4 ≤
+        // (T + kk − 1)·C` stay in `x`, those at `j·C + i + 4 ≤ kk·C` in `taps`, the stores in `y`.
+        unsafe {
+            while i + 4 <= c {
+                // 0 + w·x, tap by tap, multiplies and adds separate: the reference's roundings.
+                let mut acc = vdupq_n_f32(0.0);
+                for j in 0..kk {
+                    acc = vaddq_f32(acc, vmulq_f32(ld(taps, j * c + i), ld(xt, j * c + i)));
+                }
+                st(yt, i, silu_q(acc));
+                i += 4;
+            }
+        }
+        for (i, y) in yt.iter_mut().enumerate().skip(i) {
+            let mut s = 0.0f32;
+            for j in 0..kk {
+                s += taps[j * c + i] * xt[j * c + i];
+            }
+            *y = silu(s);
+        }
     }
 }

@@ -10,7 +10,7 @@ use core::arch::x86_64::*;
 use super::StreamPrefetch;
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{check_delta_step, l2_scale, rms_scale, sigmoid, silu};
+use crate::kernels::ops::{check_conv, check_delta_step, l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry: a safe wrapper per op around its `#[target_feature]` body.
 pub(crate) static OPS: OpsFns = OpsFns {
@@ -25,6 +25,7 @@ pub(crate) static OPS: OpsFns = OpsFns {
     sigmoid_mul,
     rope,
     delta_step,
+    conv_silu,
 };
 
 /// `eˣ` per lane (Cephes `expf`): `x = n ln2 + r`, |r| ≤ ln2/2, `eʳ` by a degree-7 polynomial, times
@@ -424,4 +425,37 @@ fn delta_step(
     // given, is as long as `m`, and a shared slice cannot overlap the `&mut` one), so every 8-lane load
     // and store stays inside its slice; the prefetch addresses are never dereferenced.
     unsafe { delta_step_impl(from, m, q, k, v, decay, beta, out) }
+}
+
+/// # Safety
+/// The CPU must have AVX2 and FMA; the lengths as [`check_conv`] checks them, `c = taps.len() / kk`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn conv_silu_impl(taps: &[f32], kk: usize, c: usize, x: &[f32], y: &mut [f32]) {
+    for (t, yt) in y.chunks_exact_mut(c).enumerate() {
+        let xt = &x[t * c..];
+        let mut i = 0;
+        while i + 8 <= c {
+            // 0 + w·x, tap by tap, multiplies and adds separate: the reference's roundings.
+            let mut acc = _mm256_setzero_ps();
+            for j in 0..kk {
+                acc = _mm256_add_ps(acc, _mm256_mul_ps(ld(taps, j * c + i), ld(xt, j * c + i)));
+            }
+            st(yt, i, silu_ps(acc));
+            i += 8;
+        }
+        for (i, y) in yt.iter_mut().enumerate().skip(i) {
+            let mut s = 0.0f32;
+            for j in 0..kk {
+                s += taps[j * c + i] * xt[j * c + i];
+            }
+            *y = silu(s);
+        }
+    }
+}
+
+fn conv_silu(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
+    let c = check_conv(taps, kk, x, y);
+    // SAFETY: as `rms_norm`; with the lengths checked, row `t`'s loads at `(t + j)·C + i + 8 ≤
+    // (T + kk − 1)·C` stay in `x`, those at `j·C + i + 8 ≤ kk·C` in `taps`, the stores in `y`.
+    unsafe { conv_silu_impl(taps, kk, c, x, y) }
 }
