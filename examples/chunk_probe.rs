@@ -33,12 +33,16 @@ fn main() {
     for _ in 0..3 {
         chunked(&mut m, &h, CHUNK, &mut o);
     }
-    let reps = 200;
-    let t = Instant::now();
-    for _ in 0..reps {
-        chunked(&mut m, &h, CHUNK, &mut o);
-    }
-    let dt = t.elapsed().as_secs_f64() / reps as f64;
+    // The fastest of 15 rounds of 20 calls: the host's other tenants only ever slow a round down.
+    let dt = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..20 {
+                chunked(&mut m, &h, CHUNK, &mut o);
+            }
+            t.elapsed().as_secs_f64() / 20.0
+        })
+        .fold(f64::INFINITY, f64::min);
     let flop = (n / CHUNK) as f64 * 2.0 * 5.0e6;
     println!(
         "chunked 1 head {n} tok: {:.1} us, ~{:.1} GFLOP/s (approx 10 MFLOP/chunk)",

@@ -1,6 +1,8 @@
 //! Gated DeltaNet (spec §3.3 and §4): causal depthwise conv with a rolling state, L2-normed q/k, and the
 //! gated delta rule, either token by token (recurrent) or chunk by chunk (WY / UT form) for prompts.
 
+use std::cell::Cell;
+
 use rayon::prelude::*;
 
 use super::hparams::HParams;
@@ -9,7 +11,7 @@ use super::{carve, for_rows};
 use crate::kernels::fgemm::{gemm, transpose};
 use crate::kernels::fpenv::FlushDenormals;
 use crate::kernels::ops::{
-    axpy, delta_step, l2_norm, rms_norm, sigmoid, silu_in_place, silu_mul, softplus,
+    axpy, conv_silu, delta_step, exp_in_place, l2_norm, rms_norm, sigmoid, silu_mul, softplus,
 };
 use crate::kernels::{matmul, matmuls};
 
@@ -90,18 +92,15 @@ pub fn forward(
     // After the conv, the window's space holds the delta rule's output and the gated norm's.
     let (nq, nv) = (hk * dk, hv * dv);
     let heads = if n_tok == 1 { 0 } else { n_tok };
-    let [win_space, z, b, alpha, y, qh, kh, vh, gh, bh] = carve(
+    let [win_space, z, b, alpha, qkv, gh, bh] = carve(
         arena,
         [
             ((ks + n_tok) * c).max(2 * n_tok * nv),
             n_tok * nv, // z: [T × Hv·dv]
             n_tok * hv, // b: [T × Hv]
             n_tok * hv, // α: [T × Hv]
-            n_tok * c,  // y: [T × C]
-            heads * nq, // regrouped by head (several tokens only)
-            heads * nq,
-            heads * nv,
-            heads * hv,
+            n_tok * c,  // q, k, v by head: [Hk × T × dk | Hk × T × dk | Hv × T × dv]
+            heads * hv, // g, β by head (several tokens only)
             heads * hv,
         ],
     );
@@ -117,8 +116,21 @@ pub fn forward(
         ],
     );
 
-    // y = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)]: [T × C]
-    conv_silu(&w.conv, hp.conv_kernel, &mut st.conv, win, y);
+    // q, k, v = silu(conv(u)) over the window [state (K−1 steps) | u (T steps)], by head; q and k
+    // L2-normed per head, q scaled by 1/√dk.
+    conv_window_in(&st.conv, c, win);
+    let q_scale = 1.0 / (dk as f32).sqrt();
+    conv_heads(
+        &w.conv,
+        hp.conv_kernel,
+        win,
+        n_tok,
+        [nq, dk, dv],
+        hp.rms_eps,
+        q_scale,
+        qkv,
+    );
+    conv_window_out(&mut st.conv, c, n_tok, win);
     let mode = match save.as_deref_mut() {
         Some(cp) => {
             // The conv state after token t is the window's K−1 inputs ending at t.
@@ -144,20 +156,6 @@ pub fn forward(
         None => mode,
     };
 
-    // Rows of y are [q: Hk × dk | k: Hk × dk | v: Hv × dv]; L2-norm q and k per head in place, q scaled
-    // by 1/√dk.
-    let q_scale = 1.0 / (dk as f32).sqrt();
-    for_rows(y, c, |_, row| {
-        let (q, k) = row[..2 * nq].split_at_mut(nq);
-        for h in q.chunks_exact_mut(dk) {
-            l2_norm(h, hp.rms_eps);
-            h.iter_mut().for_each(|x| *x *= q_scale);
-        }
-        for h in k.chunks_exact_mut(dk) {
-            l2_norm(h, hp.rms_eps);
-        }
-    });
-
     // β = σ(b); log-decay g = A · softplus(α + dt_bias) ≤ 0. Both [T × Hv], in place.
     b.iter_mut().for_each(|x| *x = sigmoid(*x));
     alpha
@@ -166,20 +164,14 @@ pub fn forward(
         .for_each(|(i, x)| *x = w.a[i % hv] * softplus(*x + w.dt_bias[i % hv]));
     let (beta, g) = (&*b, &*alpha);
 
-    // Per-head inputs, head-major: q, k [Hk × T × dk], v [Hv × T × dv], g, β [Hv × T]. One token's row
-    // already is in that order; several tokens' rows are regrouped.
-    let y = &*y;
-    let (q, k, v, g, beta) = if n_tok == 1 {
-        (&y[..nq], &y[nq..2 * nq], &y[2 * nq..], g, beta)
+    // Per-head inputs, head-major: g, β [Hv × T] (one token's row already is in that order).
+    let (g, beta) = if n_tok == 1 {
+        (g, beta)
     } else {
-        (
-            by_head(y, c, 0, dk, qh),
-            by_head(y, c, nq, dk, kh),
-            by_head(y, c, 2 * nq, dv, vh),
-            by_head(g, hv, 0, 1, gh),
-            by_head(beta, hv, 0, 1, bh),
-        )
+        (by_head(g, hv, 0, 1, gh), by_head(beta, hv, 0, 1, bh))
     };
+    let (q, kv) = qkv.split_at(nq * n_tok);
+    let (k, v) = kv.split_at(nq * n_tok);
 
     // Delta rule, one task per value head h; GGUF value heads are tiled: key head = h mod Hk.
     let (o_heads, n) = win_space.split_at_mut(hv * n_tok * dv); // [Hv × T × dv]
@@ -242,33 +234,105 @@ fn by_head<'a>(x: &[f32], stride: usize, off: usize, d: usize, out: &'a mut [f32
     out
 }
 
-/// Causal depthwise conv + SiLU. `taps`: `[K][C]`; `win`: `[K−1+T][C]`, the window [state | u] with u
-/// already in place; `state`: `[C][K−1]`, copied into the window and replaced by its last K−1 inputs.
-/// Writes `y`: `[T × C]`.
-fn conv_silu(taps: &[f32], kk: usize, state: &mut [f32], win: &mut [f32], y: &mut [f32]) {
-    let (ks, c) = (kk - 1, taps.len() / kk);
-    let n_tok = y.len() / c;
+/// Copies the conv state (`[C][K−1]`) into the first K−1 rows of the window `[K−1+T][C]`.
+fn conv_window_in(state: &[f32], c: usize, win: &mut [f32]) {
+    let ks = state.len() / c;
     for ch in 0..c {
         for i in 0..ks {
             win[i * c + ch] = state[ch * ks + i];
         }
     }
-    let win = &*win;
-    for_rows(y, c, |t, yt| {
-        yt.fill(0.0);
-        for j in 0..kk {
-            let (w, x) = (&taps[j * c..][..c], &win[(t + j) * c..][..c]);
-            for ((y, w), x) in yt.iter_mut().zip(w).zip(x) {
-                *y += w * x;
-            }
-        }
-        silu_in_place(yt);
-    });
+}
+
+/// Replaces the conv state by the window's last K−1 inputs.
+fn conv_window_out(state: &mut [f32], c: usize, n_tok: usize, win: &[f32]) {
+    let ks = state.len() / c;
     for ch in 0..c {
         for i in 0..ks {
             state[ch * ks + i] = win[(n_tok + i) * c + ch];
         }
     }
+}
+
+/// Tokens per task of [`conv_heads`]: a block's conv rows (`[16 × C]`, 384 KiB on the 0.8B) stay in L2
+/// from the conv to their copies into the heads.
+const CONV_TOKENS: usize = 16;
+
+thread_local! {
+    /// The calling thread's `[tokens × C]` conv rows of one block ([`conv_heads`]), kept between calls.
+    static CONV_ROWS: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Causal depthwise conv + SiLU. `taps`: `[K][C]`; `win`: `[K−1+T][C]`, the window [state | u];
+/// `dims`: `[Hk·dk, dk, dv]`, the channels being [q: Hk × dk | k: Hk × dk | v: Hv × dv]. Writes `qkv`
+/// by head, `[Hk × T × dk | Hk × T × dk | Hv × T × dv]` (the head of channels `c0..` at `c0·T`; for one
+/// token, the row itself), q and k heads L2-normed and q scaled by `q_scale`.
+/// Blocks of tokens run in parallel: the window is read in order, and each head's part of a block is
+/// written as one run.
+#[allow(clippy::too_many_arguments)]
+fn conv_heads(
+    taps: &[f32],
+    kk: usize,
+    win: &[f32],
+    n_tok: usize,
+    [nq, dk, dv]: [usize; 3],
+    eps: f32,
+    q_scale: f32,
+    qkv: &mut [f32],
+) {
+    let c = taps.len() / kk;
+    // Rows t0.. of silu(conv(u)) into y ([tokens × C]).
+    let conv_rows = |t0: usize, y: &mut [f32]| conv_silu(taps, kk, &win[t0 * c..], y);
+    // A head's row of channels c0..: q and k normed, q scaled.
+    let finish = |c0: usize, h: &mut [f32]| {
+        if c0 < 2 * nq {
+            l2_norm(h, eps);
+        }
+        if c0 < nq {
+            h.iter_mut().for_each(|x| *x *= q_scale);
+        }
+    };
+    if n_tok == 1 {
+        conv_rows(0, qkv);
+        let (qk, v) = qkv.split_at_mut(2 * nq);
+        qk.chunks_exact_mut(dk)
+            .enumerate()
+            .for_each(|(h, o)| finish(h * dk, o));
+        v.chunks_exact_mut(dv)
+            .enumerate()
+            .for_each(|(h, o)| finish(2 * nq + h * dv, o));
+        return;
+    }
+    // Per block of tokens, (first channel, [tokens × d]) of every head.
+    let n_blocks = n_tok.div_ceil(CONV_TOKENS);
+    let mut blocks: Vec<Vec<(usize, &mut [f32])>> = (0..n_blocks).map(|_| Vec::new()).collect();
+    let (qk, v) = qkv.split_at_mut(2 * nq * n_tok);
+    let heads = (qk.chunks_exact_mut(n_tok * dk).enumerate())
+        .map(|(h, o)| (h * dk, dk, o))
+        .chain((v.chunks_exact_mut(n_tok * dv).enumerate()).map(|(h, o)| (2 * nq + h * dv, dv, o)));
+    for (c0, d, head) in heads {
+        for (b, part) in head.chunks_mut(CONV_TOKENS * d).enumerate() {
+            blocks[b].push((c0, part));
+        }
+    }
+    blocks.par_iter_mut().enumerate().for_each(|(b, heads)| {
+        let t0 = b * CONV_TOKENS;
+        let tb = CONV_TOKENS.min(n_tok - t0);
+        let mut rows = CONV_ROWS.take();
+        if rows.len() < tb * c {
+            rows.resize(tb * c, 0.0);
+        }
+        let y = &mut rows[..tb * c];
+        conv_rows(t0, y);
+        for (c0, out) in heads.iter_mut() {
+            let d = out.len() / tb;
+            for (t, o) in out.chunks_exact_mut(d).enumerate() {
+                o.copy_from_slice(&y[t * c + *c0..][..d]);
+                finish(*c0, o);
+            }
+        }
+        CONV_ROWS.set(rows);
+    });
 }
 
 /// One value head's inputs for `T` tokens: `q`, `k` `[T × dk]` (normed, q scaled), `v` `[T × dv]`,
@@ -367,6 +431,7 @@ pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
     let mut kt = vec![0f32; dk * chunk]; // Kᵀ [dk × n]
     let mut a = vec![0f32; chunk * chunk]; // A [n × n]
     let mut p = vec![0f32; chunk * chunk]; // P [n × n]
+    let mut dm = vec![0f32; chunk * chunk]; // D [n × n]
     let mut uu = vec![0f32; chunk * dv]; // U, then V' [n × dv]
     let mut ww = vec![0f32; chunk * dk]; // W [n × dk]
     let mut vs = vec![0f32; chunk * dv]; // V' rows scaled by their decay to the chunk end [n × dv]
@@ -387,25 +452,34 @@ pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
                 Some(*acc)
             })
             .collect();
-        let decay = |i: usize, j: usize| (gamma[i] - gamma[j]).exp() as f32;
         let eg: Vec<f32> = gamma.iter().map(|g| g.exp() as f32).collect();
+        // D_ij = e^{γ_i−γ_j} for j ≤ i, 0 above the diagonal (e^−∞); the differences in f64, rounded to f32
+        // (a relative error of |γ_i − γ_j|·2⁻²⁴ at most) and exponentiated as one vector.
+        let d = &mut dm[..n * n];
+        for (i, row) in d.chunks_exact_mut(n).enumerate() {
+            for (j, x) in row.iter_mut().enumerate() {
+                *x = if j <= i {
+                    (gamma[i] - gamma[j]) as f32
+                } else {
+                    f32::NEG_INFINITY
+                };
+            }
+        }
+        exp_in_place(d);
+        let d = &*d;
 
-        // K·Kᵀ and Q·Kᵀ, then A_ij = β_i (k_i·k_j) e^{γ_i−γ_j} strictly lower and
-        // P_ij = (q_i·k_j) e^{γ_i−γ_j} lower with the diagonal.
+        // K·Kᵀ and Q·Kᵀ, then A_ij = β_i (k_i·k_j) D_ij strictly lower and P_ij = (q_i·k_j) D_ij lower
+        // with the diagonal.
         let (a, p) = (&mut a[..n * n], &mut p[..n * n]);
         transpose(k, n, dk, &mut kt);
         gemm(n, n, dk, 1.0, k, dk, &kt, n, 0.0, a, n);
         gemm(n, n, dk, 1.0, q, dk, &kt, n, 0.0, p, n);
         for i in 0..n {
-            for j in 0..n {
-                let d = if j <= i { decay(i, j) } else { 0.0 };
-                a[i * n + j] = if j < i {
-                    beta[i] * a[i * n + j] * d
-                } else {
-                    0.0
-                };
-                p[i * n + j] *= d;
+            let (ai, pi, di) = (&mut a[i * n..][..n], &mut p[i * n..][..n], &d[i * n..][..n]);
+            for (j, (a, d)) in ai.iter_mut().zip(di).enumerate() {
+                *a = if j < i { beta[i] * *a * d } else { 0.0 };
             }
+            pi.iter_mut().zip(di).for_each(|(p, d)| *p *= d);
         }
 
         // (I + A) U = β⊙V and (I + A) W = β⊙e^γ⊙K by forward substitution, in blocks of rows: the
@@ -418,7 +492,7 @@ pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
             let f = beta[i] * eg[i];
             wi.iter_mut().zip(ki).for_each(|(w, k)| *w = f * k);
         }
-        const SUBST_BLOCK: usize = 16;
+        const SUBST_BLOCK: usize = 8;
         for i0 in (0..n).step_by(SUBST_BLOCK) {
             let i1 = (i0 + SUBST_BLOCK).min(n);
             let (done_u, rest_u) = uu.split_at_mut(i0 * dv);
@@ -475,7 +549,7 @@ pub fn chunked(m: &mut [f32], x: &Head, chunk: usize, out: &mut [f32]) {
         // S ← e^{γ_last} S + Kᵀ · (e^{γ_last−γ_t} V'_t)_t
         let vs = &mut vs[..n * dv];
         for t in 0..n {
-            let d = decay(n - 1, t);
+            let d = d[(n - 1) * n + t];
             for (y, x) in vs[t * dv..][..dv].iter_mut().zip(&vp[t * dv..][..dv]) {
                 *y = d * x;
             }
