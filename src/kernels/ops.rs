@@ -62,6 +62,19 @@ pub fn conv_silu(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
     (super::kernels().ops.conv_silu)(taps, kk, x, y)
 }
 
+/// [`conv_silu`] for one row `yt` (`[C]`), channels `from..C`, `xt` the window from that row: the
+/// reference, and the SIMD versions' tail.
+pub(crate) fn conv_silu_cols(taps: &[f32], kk: usize, xt: &[f32], yt: &mut [f32], from: usize) {
+    let c = yt.len();
+    for (i, y) in yt.iter_mut().enumerate().skip(from) {
+        let mut s = 0.0f32;
+        for j in 0..kk {
+            s += taps[j * c + i] * xt[j * c + i];
+        }
+        *y = silu(s);
+    }
+}
+
 /// Checks [`conv_silu`]'s lengths; returns `C`.
 pub(crate) fn check_conv(taps: &[f32], kk: usize, x: &[f32], y: &[f32]) -> usize {
     assert!(kk > 0 && taps.len().is_multiple_of(kk), "conv_silu: taps");

@@ -2,7 +2,9 @@
 
 use super::attend::{attend_many_ref, attend_ref, values_ref, weights_ref};
 use super::dispatch::{AttendSteps, Isa, Kernels, OpsFns};
-use super::ops::{axpy, check_conv, check_delta_step, dot, l2_scale, rms_scale, sigmoid, silu};
+use super::ops::{
+    axpy, check_conv, check_delta_step, conv_silu_cols, dot, l2_scale, rms_scale, sigmoid, silu,
+};
 use crate::quant::{self, GgmlType};
 
 pub static KERNELS: Kernels = Kernels {
@@ -161,13 +163,7 @@ pub fn silu_ref(x: &mut [f32]) {
 pub fn conv_silu_ref(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
     let c = check_conv(taps, kk, x, y);
     for (t, yt) in y.chunks_exact_mut(c).enumerate() {
-        for (i, y) in yt.iter_mut().enumerate() {
-            let mut s = 0.0f32;
-            for j in 0..kk {
-                s += taps[j * c + i] * x[(t + j) * c + i];
-            }
-            *y = silu(s);
-        }
+        conv_silu_cols(taps, kk, &x[t * c..], yt, 0);
     }
 }
 

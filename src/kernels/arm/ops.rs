@@ -9,7 +9,7 @@ use core::arch::aarch64::*;
 
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{check_conv, l2_scale, rms_scale, sigmoid, silu};
+use crate::kernels::ops::{check_conv, conv_silu_cols, l2_scale, rms_scale, sigmoid, silu};
 
 /// The table entry (NEON is part of every aarch64 CPU, so the wrappers need no feature check).
 pub(super) static OPS: OpsFns = OpsFns {
@@ -276,12 +276,6 @@ fn conv_silu(taps: &[f32], kk: usize, x: &[f32], y: &mut [f32]) {
                 i += 4;
             }
         }
-        for (i, y) in yt.iter_mut().enumerate().skip(i) {
-            let mut s = 0.0f32;
-            for j in 0..kk {
-                s += taps[j * c + i] * xt[j * c + i];
-            }
-            *y = silu(s);
-        }
+        conv_silu_cols(taps, kk, xt, yt, i);
     }
 }

@@ -10,7 +10,9 @@ use core::arch::x86_64::*;
 use super::StreamPrefetch;
 use crate::kernels::dispatch::OpsFns;
 use crate::kernels::ops::cephes_exp::{LN2_HI, LN2_LO, LOG2E, MAX, MIN, POLY};
-use crate::kernels::ops::{check_conv, check_delta_step, l2_scale, rms_scale, sigmoid, silu};
+use crate::kernels::ops::{
+    check_conv, check_delta_step, conv_silu_cols, l2_scale, rms_scale, sigmoid, silu,
+};
 
 /// The table entry: a safe wrapper per op around its `#[target_feature]` body.
 pub(crate) static OPS: OpsFns = OpsFns {
@@ -443,13 +445,7 @@ unsafe fn conv_silu_impl(taps: &[f32], kk: usize, c: usize, x: &[f32], y: &mut [
             st(yt, i, silu_ps(acc));
             i += 8;
         }
-        for (i, y) in yt.iter_mut().enumerate().skip(i) {
-            let mut s = 0.0f32;
-            for j in 0..kk {
-                s += taps[j * c + i] * xt[j * c + i];
-            }
-            *y = silu(s);
-        }
+        conv_silu_cols(taps, kk, xt, yt, i);
     }
 }
 
