@@ -130,7 +130,7 @@ pub fn forward(
         q_scale,
         qkv,
     );
-    conv_window_out(&mut st.conv, c, n_tok, win);
+    conv_state_after(&mut st.conv, c, n_tok, win);
     let mode = match save.as_deref_mut() {
         Some(cp) => {
             // The conv state after token t is the window's K−1 inputs ending at t.
@@ -143,13 +143,8 @@ pub fn forward(
             for s in &mut cp.s[..cp.n] {
                 s.resize(st.s.len(), 0.0);
             }
-            for t in 0..cp.n {
-                let dst = &mut cp.conv[t * cs..][..cs];
-                for ch in 0..c {
-                    for i in 0..ks {
-                        dst[ch * ks + i] = win[(t + 1 + i) * c + ch];
-                    }
-                }
+            for (t, dst) in cp.conv[..cp.n * cs].chunks_exact_mut(cs).enumerate() {
+                conv_state_after(dst, c, t + 1, win);
             }
             DeltaMode::Recurrent
         }
@@ -244,12 +239,13 @@ fn conv_window_in(state: &[f32], c: usize, win: &mut [f32]) {
     }
 }
 
-/// Replaces the conv state by the window's last K−1 inputs.
-fn conv_window_out(state: &mut [f32], c: usize, n_tok: usize, win: &[f32]) {
+/// Writes to `state` (`[C][K−1]`) the conv state after the window's first `n` tokens: the K−1 inputs
+/// ending at token `n − 1` (window rows `n..n + K − 1`).
+fn conv_state_after(state: &mut [f32], c: usize, n: usize, win: &[f32]) {
     let ks = state.len() / c;
     for ch in 0..c {
         for i in 0..ks {
-            state[ch * ks + i] = win[(n_tok + i) * c + ch];
+            state[ch * ks + i] = win[(n + i) * c + ch];
         }
     }
 }
@@ -292,24 +288,22 @@ fn conv_heads(
             h.iter_mut().for_each(|x| *x *= q_scale);
         }
     };
+    // One token: the conv writes the row in place, which is already [q heads | k heads | v heads].
     if n_tok == 1 {
         conv_rows(0, qkv);
-        let (qk, v) = qkv.split_at_mut(2 * nq);
-        qk.chunks_exact_mut(dk)
-            .enumerate()
-            .for_each(|(h, o)| finish(h * dk, o));
-        v.chunks_exact_mut(dv)
-            .enumerate()
-            .for_each(|(h, o)| finish(2 * nq + h * dv, o));
+    }
+    // Every head as (first channel, width, [T × d]).
+    let (qk, v) = qkv.split_at_mut(2 * nq * n_tok);
+    let heads = (qk.chunks_exact_mut(n_tok * dk).enumerate())
+        .map(|(h, o)| (h * dk, dk, o))
+        .chain((v.chunks_exact_mut(n_tok * dv).enumerate()).map(|(h, o)| (2 * nq + h * dv, dv, o)));
+    if n_tok == 1 {
+        heads.for_each(|(c0, _, o)| finish(c0, o));
         return;
     }
     // Per block of tokens, (first channel, [tokens × d]) of every head.
     let n_blocks = n_tok.div_ceil(CONV_TOKENS);
     let mut blocks: Vec<Vec<(usize, &mut [f32])>> = (0..n_blocks).map(|_| Vec::new()).collect();
-    let (qk, v) = qkv.split_at_mut(2 * nq * n_tok);
-    let heads = (qk.chunks_exact_mut(n_tok * dk).enumerate())
-        .map(|(h, o)| (h * dk, dk, o))
-        .chain((v.chunks_exact_mut(n_tok * dv).enumerate()).map(|(h, o)| (2 * nq + h * dv, dv, o)));
     for (c0, d, head) in heads {
         for (b, part) in head.chunks_mut(CONV_TOKENS * d).enumerate() {
             blocks[b].push((c0, part));
