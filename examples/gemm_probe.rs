@@ -1,7 +1,8 @@
 //! Single-thread speed of the table's prefill GEMM (`Kernels::quant_gemm`) on one weight in cache, as
 //! `matmul` calls it (items of 64 rows × all tokens): `cargo run --release --example gemm_probe --
 //! [TYPE] [n_in] [n_out] [tokens] [reps] [isa]` (default Q4_K 1024 3584 512 15, the best ISA). Prints the
-//! median and best time per product and the multiply-adds per second (GMAC/s).
+//! median and best time per product and the multiply-adds per second (GMAC/s). `COLD=1` reads the weight
+//! from memory (copies used in turn), as the model's prefill does.
 
 use std::time::Instant;
 
@@ -30,11 +31,18 @@ fn main() {
         (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
     };
     let rb = ty.row_bytes(n_in as u64).expect("row length") as usize;
-    let mut w = vec![0u8; rb * n_out];
-    for o in w.chunks_exact_mut(rb) {
+    let mut w0 = vec![0u8; rb * n_out];
+    for o in w0.chunks_exact_mut(rb) {
         let x: Vec<f32> = (0..n_in).map(|_| rnd()).collect();
         quant::quantize_row(ty, &x, o).expect("a type deltaq writes");
     }
+    // `COLD=1`: copies of the weight totalling at least 1 GiB, used in turn, so that every product reads
+    // its weight from memory as prefill does (the model's weights are larger than the caches).
+    let copies = match std::env::var("COLD") {
+        Ok(_) => (1usize << 30).div_ceil(w0.len()),
+        Err(_) => 1,
+    };
+    let ws: Vec<Vec<u8>> = (0..copies).map(|_| w0.clone()).collect();
     let act = ty.vec_dot_type();
     let ab = act.row_bytes(n_in as u64).unwrap() as usize;
     let mut a = vec![0u8; n_tok * ab];
@@ -44,7 +52,8 @@ fn main() {
     }
     let mut out = vec![0f32; 64 * n_tok];
     let mut times = Vec::with_capacity(reps);
-    for _ in 0..reps + 1 {
+    for rep in 0..reps + 1 {
+        let w = &ws[rep % copies];
         let t0 = Instant::now();
         for r0 in (0..n_out).step_by(64) {
             let rows = 64.min(n_out - r0);

@@ -6,6 +6,7 @@
 //! block by block. Work is split over output rows; a weight row is read once and used for every token.
 
 use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
@@ -246,13 +247,64 @@ fn matmuls_with(
             let tt = p.tok_block.min(n_tokens - t0);
             p.block(x, r0, rr, t0, tt, n_tokens);
         };
+        let threads = rayon::current_num_threads();
         if n_items == 1 {
             run(0);
+        } else if (2..=FEW_TOKENS).contains(&n_tokens) && threads > 1 {
+            // Few tokens: the items in shrinking sizes, handed out in order (see `guided_items`).
+            let mut items = ITEMS.take();
+            let shapes = plans.iter().flatten().map(|p| (p.w.row_bytes(), p.w.n_out));
+            guided_items(shapes, threads, &mut items);
+            let next = AtomicUsize::new(0);
+            let work = |_| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(&(j, r0, rr)) = items.get(i) else {
+                    break;
+                };
+                let p = plans[j].as_ref().expect("a plan per job");
+                p.block(x, r0, rr, 0, n_tokens, n_tokens);
+            };
+            (0..threads).into_par_iter().for_each(work);
+            ITEMS.set(items);
         } else {
             (0..n_items).into_par_iter().for_each(run);
         }
     }
     ACT_BUF.set(buf);
+}
+
+thread_local! {
+    /// The calling thread's list of few-token work items (`guided_items`), kept between calls.
+    static ITEMS: Cell<Vec<(usize, usize, usize)>> = const { Cell::new(Vec::new()) };
+}
+
+/// Smallest few-token work item, in weight bytes: the one-token item size.
+const FEW_TOKEN_MIN_ITEM_BYTES: usize = DECODE_ITEM_BYTES;
+
+/// The work items `(job, first row, rows)` of a few-token call over weights of `(row bytes, rows)`, job by
+/// job, in shrinking sizes: each takes a `2·threads`-th of the bytes still to come, between
+/// [`FEW_TOKEN_MIN_ITEM_BYTES`] and [`FEW_TOKEN_ITEM_BYTES`] (guided self-scheduling), in multiples of 4
+/// rows (the kernels' row tile). Handed out in this order, the large items keep the row streams long and
+/// the small last ones let the threads finish together: with equal 2 MiB items the thread that drew the
+/// last one ran up to a whole item (about 170 µs from memory) alone, at every product.
+fn guided_items(
+    shapes: impl Iterator<Item = (usize, usize)> + Clone,
+    threads: usize,
+    items: &mut Vec<(usize, usize, usize)>,
+) {
+    items.clear();
+    let mut left: usize = shapes.clone().map(|(rb, n_out)| rb * n_out).sum();
+    for (j, (rb, n_out)) in shapes.enumerate() {
+        let mut r0 = 0;
+        while r0 < n_out {
+            let bytes =
+                (left / (2 * threads)).clamp(FEW_TOKEN_MIN_ITEM_BYTES, FEW_TOKEN_ITEM_BYTES);
+            let rr = (bytes / rb).next_multiple_of(4).max(4).min(n_out - r0);
+            items.push((j, r0, rr));
+            left = left.saturating_sub(rr * rb);
+            r0 += rr;
+        }
+    }
 }
 
 /// Weight rows per work item in prefill (a multiple of every kernel's row tile).
@@ -281,12 +333,14 @@ const DECODE_ITEM_BYTES: usize = 256 << 10;
 /// costs them more: from memory on the 2-core Intel Xeon VM (`examples/few_tokens`, 2 threads, medians of
 /// per-round ratios), 3 tokens took 1.22–1.27× one token's time with 256 KiB items and 1.12–1.16× with
 /// 2 MiB (Q4_K 12288×4096), 1.18× and 1.08–1.11× (Q6_K 4096×12288); 4 and 16 MiB were no better.
+/// On several threads the last items of a call are smaller ([`guided_items`]).
 const FEW_TOKEN_ITEM_BYTES: usize = 2 << 20;
 
 /// Weight rows per work item: in decode and for few tokens (≤ [`FEW_TOKENS`], which the kernels run in
 /// the decode layout: each weight row read once for all tokens), the weight cut into pieces of at most
 /// [`DECODE_ITEM_BYTES`] (one token) or [`FEW_TOKEN_ITEM_BYTES`] (2 or more), their count a multiple of
-/// the threads so that each thread streams the same amount (memory-bound); [`ROW_BLOCK`] ×
+/// the threads so that each thread streams the same amount (memory-bound; 2 or more tokens on several
+/// threads take [`guided_items`] instead); [`ROW_BLOCK`] ×
 /// [`TOKEN_BLOCK`] in prefill. Multiples of 4 (the kernels' row tiles).
 fn rows_per_item(w: &Weight, n_tokens: usize) -> usize {
     if n_tokens <= FEW_TOKENS {
@@ -403,6 +457,62 @@ impl Plan<'_> {
 mod tests {
     use super::*;
     use crate::quant;
+
+    #[test]
+    fn guided_items_cover_every_row_once_in_shrinking_items() {
+        // The 9B's DeltaNet input projections (Q4_K rows of 4096 columns) and a small weight.
+        let shapes = [
+            (2304, 8192),
+            (2304, 4096),
+            (2304, 32),
+            (2304, 32),
+            (144, 10),
+        ];
+        for threads in [2, 3, 8] {
+            let mut items = Vec::new();
+            guided_items(shapes.iter().copied(), threads, &mut items);
+            let mut next = [0usize; 5];
+            let mut last_bytes = usize::MAX;
+            for (i, &(j, r0, rr)) in items.iter().enumerate() {
+                let (rb, n_out) = shapes[j];
+                assert_eq!(r0, next[j], "job {j}: rows in order, none skipped");
+                assert!(j == 0 || next[..j].iter().zip(&shapes).all(|(n, s)| *n == s.1));
+                next[j] += rr;
+                let job_end = r0 + rr == n_out;
+                assert!(rr % 4 == 0 || job_end, "item {i}: {rr} rows");
+                assert!(
+                    rr * rb <= FEW_TOKEN_ITEM_BYTES + 4 * rb,
+                    "item {i} too large"
+                );
+                if !job_end {
+                    assert!(rr * rb >= FEW_TOKEN_MIN_ITEM_BYTES, "item {i} too small");
+                    assert!(
+                        rr * rb <= last_bytes.saturating_add(4 * rb),
+                        "item {i} larger than the one before"
+                    );
+                    last_bytes = rr * rb;
+                }
+            }
+            assert_eq!(
+                next.to_vec(),
+                shapes.map(|s| s.1).to_vec(),
+                "every row once"
+            );
+            // Large items first (as large as allowed on two threads), the smallest size at the end.
+            let total: usize = shapes.iter().map(|(rb, n)| rb * n).sum();
+            let first = (total / (2 * threads)).min(FEW_TOKEN_ITEM_BYTES);
+            assert!(
+                items[0].2 * 2304 + 4 * 2304 >= first,
+                "{threads} threads: {items:?}"
+            );
+            assert!(threads > 2 || first == FEW_TOKEN_ITEM_BYTES);
+            let (j, _, rr) = items[items.len() - 5];
+            assert_eq!(
+                (j, rr),
+                (1, FEW_TOKEN_MIN_ITEM_BYTES.div_ceil(4 * 2304) * 4)
+            );
+        }
+    }
 
     fn f32_weight(rows: &[Vec<f32>]) -> Vec<u8> {
         rows.iter()
