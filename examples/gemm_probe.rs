@@ -42,7 +42,7 @@ fn main() {
         Ok(_) => (1usize << 30).div_ceil(w0.len()),
         Err(_) => 1,
     };
-    let ws: Vec<Vec<u8>> = (0..copies).map(|_| w0.clone()).collect();
+    let ws = vec![w0; copies];
     let act = ty.vec_dot_type();
     let ab = act.row_bytes(n_in as u64).unwrap() as usize;
     let mut a = vec![0u8; n_tok * ab];
