@@ -1128,6 +1128,9 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 (64, 70, 2, Fill::Random),
                 (20, 17, 2, Fill::Random),
                 (3, 16, 1, Fill::Random),
+                // 32 tokens and more: the AMX table's two 16-token tile groups, then a 16-token one.
+                (17, 48, 3, Fill::High),
+                (7, 35, 2, Fill::Ones),
                 (16, 8, 2, Fill::Zero),
                 (18, 11, 2, Fill::Ones),
                 (18, 11, 2, Fill::High),
@@ -1138,7 +1141,12 @@ fn quant_gemm_equals_quant_rows_bitwise() {
             ];
             // Largest codes against constant activations (every Q8_K value −128): the largest
             // integer sums a sub-block can reach, which must not overflow any narrower form.
-            let extreme = [(18, 11, 2, Fill::Ones), (16, 9, 1, Fill::High)];
+            let extreme = [
+                (18, 11, 2, Fill::Ones),
+                (16, 9, 1, Fill::High),
+                (18, 34, 2, Fill::Ones),
+                (16, 33, 1, Fill::High),
+            ];
             for (case, (rows, n_tok, blocks, fill)) in cases.into_iter().chain(extreme).enumerate()
             {
                 let n = blocks * bs;
@@ -1190,7 +1198,7 @@ fn x86_lattice_iq_kernels_equal_scalar_bitwise() {
         G::IQ1_M,
     ];
     for k in tables() {
-        if !matches!(k.isa, Isa::Avx2 | Isa::Avx512) {
+        if !matches!(k.isa, Isa::Avx2 | Isa::Avx512 | Isa::Amx) {
             continue;
         }
         for (ti, ty) in types.into_iter().enumerate() {

@@ -33,7 +33,7 @@ pub fn available() -> bool {
     *AVAILABLE.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            super::kernels().isa == super::Isa::Avx512 && is_x86_feature_detected!("avx512bf16")
+            super::kernels().isa.is_avx512() && is_x86_feature_detected!("avx512bf16")
         }
         #[cfg(not(target_arch = "x86_64"))]
         {

@@ -14,6 +14,8 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512,
+    /// The AVX-512 table with AMX-INT8 tile products for the K-quant prefill GEMM.
+    Amx,
     Neon,
     NeonDotprod,
 }
@@ -24,9 +26,15 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "avx512-amx",
             Isa::Neon => "neon",
             Isa::NeonDotprod => "neon-dotprod",
         }
+    }
+
+    /// The AVX-512 tables (with or without AMX), which share every kernel but the prefill GEMM.
+    pub fn is_avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Amx)
     }
 
     pub fn from_name(s: &str) -> Option<Isa> {
@@ -34,6 +42,7 @@ impl Isa {
             Isa::Scalar,
             Isa::Avx2,
             Isa::Avx512,
+            Isa::Amx,
             Isa::Neon,
             Isa::NeonDotprod,
         ]
@@ -213,12 +222,15 @@ pub fn available() -> Vec<&'static Kernels> {
 
 #[cfg(target_arch = "x86_64")]
 fn super_x86() -> Vec<&'static Kernels> {
-    use super::x86::{avx2, avx512};
+    use super::x86::{avx2, avx512, kgemm_amx};
     let mut v: Vec<&'static Kernels> = Vec::new();
     if avx2::detected() {
         v.push(&avx2::KERNELS);
         if avx512::detected() {
             v.push(&avx512::KERNELS);
+            if kgemm_amx::detected() {
+                v.push(&avx512::KERNELS_AMX);
+            }
         }
     }
     v

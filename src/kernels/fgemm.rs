@@ -53,7 +53,7 @@ pub fn gemm(
     #[cfg(target_arch = "x86_64")]
     match super::kernels().isa {
         // SAFETY: the AVX-512 table is only handed out after AVX-512 F/BW/VL/VNNI were detected.
-        super::Isa::Avx512 => return unsafe { gemm_avx512(&args, c) },
+        super::Isa::Avx512 | super::Isa::Amx => return unsafe { gemm_avx512(&args, c) },
         // SAFETY: the AVX2 table is only handed out after AVX2, FMA and F16C were detected.
         super::Isa::Avx2 => return unsafe { gemm_avx2(&args, c) },
         _ => {}
@@ -229,7 +229,10 @@ fn gemm_body<const FMA: bool>(x: &Args, c: &mut [f32], done_m: usize, done_n: us
 pub fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     assert!(src.len() >= rows * cols && dst.len() >= rows * cols);
     #[cfg(target_arch = "x86_64")]
-    if matches!(super::kernels().isa, super::Isa::Avx2 | super::Isa::Avx512) {
+    if matches!(
+        super::kernels().isa,
+        super::Isa::Avx2 | super::Isa::Avx512 | super::Isa::Amx
+    ) {
         // SAFETY: both tables are only handed out after AVX2 was detected; the lengths are checked.
         return unsafe { transpose_avx2(src, rows, cols, dst) };
     }

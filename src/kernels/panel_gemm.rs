@@ -174,7 +174,7 @@ fn tile_kernel(isa: Isa) -> (usize, fn(&Tile)) {
     match isa {
         // SAFETY: the AVX-512 table is only handed out after AVX-512F (and AVX2, FMA) were detected.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => (12, |x| unsafe { x86::tile_avx512(x) }),
+        Isa::Avx512 | Isa::Amx => (12, |x| unsafe { x86::tile_avx512(x) }),
         // SAFETY: the AVX2 table is only handed out after AVX2 and FMA were detected.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => (6, |x| unsafe { x86::tile_avx2(x) }),

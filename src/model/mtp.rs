@@ -308,7 +308,7 @@ fn embed(mw: &MtpWeights, w: &Weights, token: u32, out: &mut [f32]) -> Result<()
 /// docs/mtp.md a 3-token pass of the 9B costs 1.24× a 1-token step, a 2-token pass 1.12×), else 1.
 pub fn default_draft() -> usize {
     match crate::kernels::kernels().isa {
-        crate::kernels::Isa::Avx512 => 2,
+        isa if isa.is_avx512() => 2,
         _ => 1,
     }
 }

@@ -10,7 +10,20 @@ use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
 use crate::quant::GgmlType;
 
 /// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
-pub static KERNELS: Kernels = Kernels {
+pub static KERNELS: Kernels = TABLE;
+
+/// This table with the K-quants' prefill GEMM on AMX-INT8 tiles ([`super::kgemm_amx`], bit-identical to
+/// the AVX-512 one); handed out only when [`super::kgemm_amx::detected`] also holds.
+pub static KERNELS_AMX: Kernels = Kernels {
+    isa: Isa::Amx,
+    quant_gemm: Some(QuantGemm {
+        supports: gemm_supports,
+        run: gemm_any_amx,
+    }),
+    ..TABLE
+};
+
+const TABLE: Kernels = Kernels {
     isa: Isa::Avx512,
     quant_rows,
     quant_gemm: Some(QuantGemm {
@@ -113,6 +126,11 @@ fn quant_rows(ty: GgmlType, w: &[u8], a: &[u8], n_tok: usize, out: &mut [f32]) {
 }
 
 super::kgemm_entry!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", kgemm);
+super::kgemm_entry!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    kgemm_amx,
+    quant_gemm_amx
+);
 
 /// The prefill GEMMs: the K-quants' ([`super::kgemm`]) and the IQ formats' ([`super::iqgemm`]).
 fn gemm_supports(ty: GgmlType) -> bool {
@@ -125,6 +143,16 @@ fn gemm_any(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
         unsafe { super::iqgemm::gemm_avx512(ty, w, a, out) }
     } else {
         quant_gemm(ty, w, a, out)
+    }
+}
+
+fn gemm_any_amx(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    if super::iqgemm::supports(ty) {
+        // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
+        unsafe { super::iqgemm::gemm_avx512(ty, w, a, out) }
+    } else {
+        // The AMX table is only handed out after `kgemm_amx::detected()` (AMX-INT8, tiles granted).
+        quant_gemm_amx(ty, w, a, out)
     }
 }
 

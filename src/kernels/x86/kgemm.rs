@@ -20,20 +20,20 @@ use super::{read_f32, read_u32, PanelPrefetch};
 use crate::kernels::GemmOut;
 
 /// Rows per panel (the i32 lanes of a zmm).
-const ROWS: usize = 16;
+pub(super) const ROWS: usize = 16;
 
 /// One super-block (256 columns) of a 16-row panel, unpacked.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
 pub(super) struct PanelBlock {
     /// Quad `q` (columns `4q..4q+4`): lane `r` holds row `r`'s four codes (u8).
-    codes: [__m512i; 64],
+    pub(super) codes: [__m512i; 64],
     /// Sub-block `j`'s scale of every row (i32 lanes; 8 sub-blocks of 32 or 16 of 16 columns).
-    sc: [__m512i; 16],
+    pub(super) sc: [__m512i; 16],
     /// Block-sum factor pairs `(corr[2i], corr[2i+1])` of every row (i16 pairs), see `Pre::corr`.
-    corr: [__m512i; 8],
-    d: __m512,
-    dmin: __m512,
+    pub(super) corr: [__m512i; 8],
+    pub(super) d: __m512,
+    pub(super) dmin: __m512,
 }
 
 thread_local! {
@@ -181,57 +181,92 @@ pub(super) unsafe fn drive<P: PanelKernel>(w: &[u8], a: &[u8], mut out: GemmOut<
     P::buffer().set(panel);
 }
 
-/// Unpacks block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` get zero
-/// codes and scales.
+/// Block `b` of up to 16 weight rows as read, before it is regrouped: row `r`'s codes of columns
+/// `32c..32c+32` (`ch[c][r]`, u8), its sub-block scales and block-sum factors (i16), `d` and `dmin`.
+/// Rows past the ones read are zero.
+pub(super) struct RowsRead {
+    pub(super) ch: [[__m256i; ROWS]; 8],
+    pub(super) sc: [[i16; 16]; ROWS],
+    pub(super) corr: [[i16; 16]; ROWS],
+    pub(super) d: [f32; ROWS],
+    pub(super) dmin: [f32; ROWS],
+}
+
+/// Reads block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart).
 ///
 /// # Safety
 /// Rows `0..rows` must each hold at least `b + 1` blocks of `K::WB` bytes (`gemm` checks the lengths);
 /// the CPU features as [`gemm`].
 #[inline(always)]
-unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+pub(super) unsafe fn read_rows<K: KFormat>(
+    w: *const u8,
+    rb: usize,
+    rows: usize,
+    b: usize,
+) -> RowsRead {
     let zero = _mm256_setzero_si256();
-    // [chunk][row]: 32 codes of columns 32c..32c+32.
-    let mut ch = [[zero; ROWS]; 8];
-    let mut sc = [[0i16; 16]; ROWS];
-    let mut corr = [[0i16; 16]; ROWS];
-    let mut d = [0f32; ROWS];
-    let mut dmin = [0f32; ROWS];
+    let mut rr = RowsRead {
+        ch: [[zero; ROWS]; 8],
+        sc: [[0i16; 16]; ROWS],
+        corr: [[0i16; 16]; ROWS],
+        d: [0f32; ROWS],
+        dmin: [0f32; ROWS],
+    };
     for r in 0..rows {
         let p = w.add(r * rb + b * K::WB);
         let pre = K::prepare(p);
-        d[r] = pre.d;
-        dmin[r] = pre.dmin;
+        rr.d[r] = pre.d;
+        rr.dmin[r] = pre.dmin;
         // Scales 0..7 are the low lane of `sc_lo`, 8..15 that of `sc_hi` (16-scale formats).
         _mm_storeu_si128(
-            sc[r].as_mut_ptr() as *mut __m128i,
+            rr.sc[r].as_mut_ptr() as *mut __m128i,
             _mm256_castsi256_si128(pre.sc_lo),
         );
         _mm_storeu_si128(
-            sc[r][8..].as_mut_ptr() as *mut __m128i,
+            rr.sc[r][8..].as_mut_ptr() as *mut __m128i,
             _mm256_castsi256_si128(pre.sc_hi),
         );
-        _mm256_storeu_si256(corr[r].as_mut_ptr() as *mut __m256i, pre.corr);
-        for (c, chunk) in ch.iter_mut().enumerate() {
+        _mm256_storeu_si256(rr.corr[r].as_mut_ptr() as *mut __m256i, pre.corr);
+        for (c, chunk) in rr.ch.iter_mut().enumerate() {
             chunk[r] = K::chunk(p, c);
         }
     }
-    for (c, chunk) in ch.iter().enumerate() {
+    rr
+}
+
+/// Unpacks block `b` of `rows` (≤ 16) rows starting at `w` (`rb` bytes apart); lanes past `rows` get zero
+/// codes and scales.
+///
+/// # Safety
+/// As [`read_rows`].
+#[inline(always)]
+unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out: &mut PanelBlock) {
+    pack::<K>(&read_rows::<K>(w, rb, rows, b), out)
+}
+
+/// The panel block of rows read by [`read_rows`].
+///
+/// # Safety
+/// The CPU features as [`gemm`].
+#[inline(always)]
+pub(super) unsafe fn pack<K: KFormat>(rr: &RowsRead, out: &mut PanelBlock) {
+    for (c, chunk) in rr.ch.iter().enumerate() {
         let q = transpose16x8(chunk);
         out.codes[8 * c..8 * c + 8].copy_from_slice(&q);
     }
     let n_sc = if K::SCALES16 { 16 } else { 8 };
     for (j, v) in out.sc[..n_sc].iter_mut().enumerate() {
-        let lanes: [i32; ROWS] = core::array::from_fn(|r| sc[r][j] as i32);
+        let lanes: [i32; ROWS] = core::array::from_fn(|r| rr.sc[r][j] as i32);
         *v = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
     }
     for i in 0..8 {
         let lanes: [i32; ROWS] = core::array::from_fn(|r| {
-            (corr[r][2 * i] as u16 as u32 | ((corr[r][2 * i + 1] as u16 as u32) << 16)) as i32
+            (rr.corr[r][2 * i] as u16 as u32 | ((rr.corr[r][2 * i + 1] as u16 as u32) << 16)) as i32
         });
         out.corr[i] = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
     }
-    out.d = _mm512_loadu_ps(d.as_ptr());
-    out.dmin = _mm512_loadu_ps(dmin.as_ptr());
+    out.d = _mm512_loadu_ps(rr.d.as_ptr());
+    out.dmin = _mm512_loadu_ps(rr.dmin.as_ptr());
 }
 
 /// 16 rows of 8 u32 → 8 vectors of 16 u32: `out[q]` lane `r` = `rows[r]` element `q`.
@@ -302,7 +337,7 @@ pub(super) unsafe fn t4(
 /// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out[t]` to writable floats for the lanes in
 /// `mask`; the CPU features as [`gemm`].
 #[inline(always)]
-unsafe fn tile<K: KFormat, const T: usize>(
+pub(super) unsafe fn tile<K: KFormat, const T: usize>(
     panel: &[PanelBlock],
     a: [*const u8; T],
     out: [*mut f32; T],

@@ -26,6 +26,7 @@ mod iq4xs;
 mod iqgemm;
 mod kdecode16;
 mod kgemm;
+pub(crate) mod kgemm_amx;
 mod kgemm_avx2;
 mod kquants;
 mod kquants512;
@@ -398,11 +399,14 @@ fn kgemm_supports(ty: crate::quant::GgmlType) -> bool {
     matches!(ty, G::Q2_K | G::Q3_K | G::Q4_K | G::Q5_K | G::Q6_K)
 }
 
-/// A table's `quant_gemm` entry: `fn quant_gemm(ty, w, a, out)` dispatching the K-quants to
-/// `$module::gemm::<K>`, each instantiation compiled with `$features`.
+/// A table's `quant_gemm` entry: `fn quant_gemm(ty, w, a, out)` (or `fn $name`) dispatching the K-quants
+/// to `$module::gemm::<K>`, each instantiation compiled with `$features`.
 macro_rules! kgemm_entry {
     ($features:literal, $module:ident) => {
-        fn quant_gemm(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+        super::kgemm_entry!($features, $module, quant_gemm);
+    };
+    ($features:literal, $module:ident, $name:ident) => {
+        fn $name(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
             #[target_feature(enable = $features)]
             unsafe fn run<K: super::kquants::KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
                 super::$module::gemm::<K>(w, a, out)

@@ -1,0 +1,346 @@
+//! Prefill GEMM for the K-quants with AMX-INT8 tile products (Sapphire Rapids and later Xeons).
+//!
+//! The AVX-512 GEMM ([`super::kgemm`]) spends about a third of its vector µops scaling integer sums by
+//! the sub-block scales, and the rest on `vpdpbusd` at 64 products each. A tile product (`tdpbssd`)
+//! makes 16 × 16 × 64 products in one instruction, but sums whole 64-column rows, across sub-blocks. So
+//! the scale goes into the weights: per row and column, `w' = sc·q` (with the code offset of the formats
+//! without mins folded in: `w' = sc·q − corr << SHIFT`), at most 14 bits, is split into two signed bytes
+//! `w' = 128·hi + lo`, and two tile products per 64 columns give `Σ hi·a` and `Σ lo·a`. For every
+//! (token, row, super-block), `128·Σhi·a + Σlo·a` is exactly the integer the AVX-512 GEMM and the row
+//! kernels form, and the float epilogue (the mins' block sums, `d`, `dmin`) is theirs, in their order:
+//! the results are bit-identical to them (prefill still equals decode).
+//!
+//! Layout: tile A is 16 tokens × 64 activation bytes (the Q8_K rows in place, one token's row per tile
+//! row), tile B 16 quads × 16 weight rows × 4 bytes (the AVX-512 panel's quad layout), tile C 16 tokens
+//! × 16 rows of i32. Two groups of 16 tokens share each B load; the epilogue of a super-block runs on
+//! the vector units while the tiles multiply the next one. Fewer than 16 tokens left: the AVX-512 tile.
+
+use core::arch::asm;
+use core::arch::x86_64::*;
+use std::cell::Cell;
+use std::sync::OnceLock;
+
+use super::kgemm::{dpwssd_bcast, pack, read_rows, transpose16x8, PanelBlock, ROWS};
+use super::kquants::{KFormat, AB, ABSUMS, AQS};
+use super::{read_f32, PanelPrefetch};
+use crate::kernels::GemmOut;
+
+/// Whether the CPU has AMX-TILE and AMX-INT8 and the OS lets this process use the tile registers
+/// (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once).
+pub fn detected() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| super::avx512::detected() && cpu_has_amx_int8() && os_grants_tiles())
+}
+
+fn cpu_has_amx_int8() -> bool {
+    // CPUID.(EAX=7, ECX=0):EDX bit 24 = AMX-TILE, bit 25 = AMX-INT8.
+    let leaf7 = __cpuid_count(7, 0);
+    leaf7.edx & (3 << 24) == 3 << 24
+}
+
+#[cfg(target_os = "linux")]
+fn os_grants_tiles() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call with a request that only changes this process's permission to
+    // use the AMX state; it reads no memory of ours. `syscall` clobbers rcx and r11.
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack)
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn os_grants_tiles() -> bool {
+    false
+}
+
+/// A super-block of a 16-row panel as the two digit tiles' bytes: quad `q` (columns `4q..4q+4`), lane `r`
+/// holds row `r`'s four `hi` (or `lo`) digits, as [`PanelBlock::codes`] holds the codes.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Digits {
+    hi: [__m512i; 64],
+    lo: [__m512i; 64],
+}
+
+thread_local! {
+    static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
+    static DIGITS: Cell<Vec<Digits>> = const { Cell::new(Vec::new()) };
+}
+
+/// The tile configuration: palette 1, all 8 tiles 16 rows × 64 bytes.
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const CONFIG: TileConfig = {
+    let mut c = [0u8; 64];
+    c[0] = 1;
+    let mut t = 0;
+    while t < 8 {
+        c[16 + 2 * t] = 64;
+        c[48 + t] = 16;
+        t += 1;
+    }
+    TileConfig(c)
+};
+
+/// `out(t, r) = W[r] · A[t]` for K-quant rows `w` (`out.rows()` of them) and Q8_K activations `a`
+/// (`out.n_tok()` rows).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI (the caller's target features) and AMX-INT8
+/// with the tile state granted ([`detected`]).
+#[inline(always)]
+pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
+    let (n_rows, n_tok) = (out.rows(), out.n_tok());
+    if n_tok < 16 || n_rows == 0 {
+        return super::kgemm::gemm::<K>(w, a, out);
+    }
+    let (rb, nb) = out.blocks(w, a, K::WB, AB);
+    let (mut panel, mut digits) = (PANEL.take(), DIGITS.take());
+    // SAFETY (both): `PanelBlock` and `Digits` are vectors only, valid as all-zero bytes.
+    if panel.len() < nb {
+        panel.resize(nb, unsafe { core::mem::zeroed() });
+    }
+    if digits.len() < nb {
+        digits.resize(nb, unsafe { core::mem::zeroed() });
+    }
+    let (wp, ap) = (w.as_ptr(), a.as_ptr());
+    let tok_stride = nb * AB;
+    let arow = |t: usize| ap.add(t * tok_stride);
+    asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(readonly, nostack, preserves_flags));
+    let mut r0 = 0;
+    while r0 < n_rows {
+        let rows = ROWS.min(n_rows - r0);
+        for b in 0..nb {
+            let rr = read_rows::<K>(wp.add(r0 * rb), rb, rows, b);
+            pack::<K>(&rr, &mut panel[b]);
+            split_digits::<K>(&rr, &mut digits[b]);
+        }
+        let (panel, digits) = (&panel[..nb], &digits[..nb]);
+        let mut prefetch =
+            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * K::WB);
+        let per_tile = prefetch.left().div_ceil(n_tok.div_ceil(16));
+        let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
+        let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
+        let mut t = 0;
+        while t + 16 <= n_tok {
+            prefetch.step(per_tile);
+            let dst: [*mut f32; 16] = core::array::from_fn(|i| o(t + i));
+            tile::<K>(panel, digits, arow(t), tok_stride, dst, mask);
+            t += 16;
+        }
+        while t + 8 <= n_tok {
+            let dst = core::array::from_fn(|i| o(t + i));
+            super::kgemm::tile::<K, 8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
+            t += 8;
+        }
+        if t + 4 <= n_tok {
+            let dst = core::array::from_fn(|i| o(t + i));
+            super::kgemm::tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
+            t += 4;
+        }
+        while t < n_tok {
+            super::kgemm::tile::<K, 1>(panel, [arow(t)], [o(t)], mask);
+            t += 1;
+        }
+        prefetch.step(usize::MAX);
+        r0 += rows;
+    }
+    asm!("tilerelease", options(nomem, nostack, preserves_flags));
+    PANEL.set(panel);
+    DIGITS.set(digits);
+}
+
+/// The digit tiles of the rows read: `w' = sc·q` (formats with mins) or `sc·q − corr << SHIFT` per row
+/// and column, as `128·hi + lo` with `lo` in `0..128` and `hi` signed.
+///
+/// # Safety
+/// The CPU features as [`gemm`].
+#[inline(always)]
+unsafe fn split_digits<K: KFormat>(rr: &super::kgemm::RowsRead, out: &mut Digits) {
+    let low7 = _mm512_set1_epi16(127);
+    for c in 0..8 {
+        let mut hi = [_mm256_setzero_si256(); ROWS];
+        let mut lo = [_mm256_setzero_si256(); ROWS];
+        for r in 0..ROWS {
+            // Columns 32c..32c+16 and 32c+16..32c+32: their sub-block scales and block-sum factors.
+            let (s0, s1) = if K::SCALES16 {
+                (rr.sc[r][2 * c], rr.sc[r][2 * c + 1])
+            } else {
+                (rr.sc[r][c], rr.sc[r][c])
+            };
+            let codes = _mm512_cvtepu8_epi16(rr.ch[c][r]);
+            let mut wq = _mm512_mullo_epi16(codes, halves(s0, s1));
+            if !K::MINS {
+                let off = halves(
+                    rr.corr[r][2 * c] << K::SHIFT,
+                    rr.corr[r][2 * c + 1] << K::SHIFT,
+                );
+                wq = _mm512_sub_epi16(wq, off);
+            }
+            hi[r] = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<7>(wq));
+            lo[r] = _mm512_cvtepi16_epi8(_mm512_and_si512(wq, low7));
+        }
+        out.hi[8 * c..8 * c + 8].copy_from_slice(&transpose16x8(&hi));
+        out.lo[8 * c..8 * c + 8].copy_from_slice(&transpose16x8(&lo));
+    }
+}
+
+/// 32 i16 lanes: `a` in the first 16, `b` in the last 16.
+#[inline(always)]
+unsafe fn halves(a: i16, b: i16) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(_mm256_set1_epi16(a)),
+        _mm256_set1_epi16(b),
+    )
+}
+
+/// Zeroes the sum tiles.
+///
+/// # Safety
+/// The tile configuration [`CONFIG`] must be loaded.
+#[inline(always)]
+unsafe fn zero_sums() {
+    // SAFETY: touches tiles only.
+    asm!(
+        "tilezero tmm0",
+        "tilezero tmm1",
+        options(nomem, nostack, preserves_flags)
+    );
+}
+
+/// Adds K-steps `steps` (64 columns each) of one super-block to the sum tiles: `Σ hi·a` in `tmm0`, `Σ lo·a`
+/// in `tmm1`, from 16 tokens' activations at `a0` (the block's quants, `stride` bytes apart) and the
+/// digits `dg`. Even steps load into `tmm2..=tmm4`, odd ones into `tmm5..=tmm7`, so that a step's loads
+/// need not wait for the products of the step before to have read their tiles.
+///
+/// # Safety
+/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 Q8_K rows of at least `b + 1`
+/// blocks, `stride` bytes apart.
+#[inline(always)]
+unsafe fn products(dg: &Digits, a0: *const u8, stride: usize, steps: core::ops::Range<usize>) {
+    for ks in steps {
+        let (hi, lo) = (dg.hi[16 * ks..].as_ptr(), dg.lo[16 * ks..].as_ptr());
+        let a = a0.add(AQS + 64 * ks);
+        macro_rules! step {
+            ($a:literal, $h:literal, $l:literal) => {
+                // SAFETY: each tile load reads 16 rows of 64 bytes that the caller guarantees (the digits
+                // are 16 consecutive quads of 64 bytes); the products touch tiles only.
+                asm!(
+                    concat!("tileloadd ", $a, ", [{a} + {s}*1]"),
+                    concat!("tileloadd ", $h, ", [{hi} + {s64}*1]"),
+                    concat!("tileloadd ", $l, ", [{lo} + {s64}*1]"),
+                    concat!("tdpbssd tmm0, ", $a, ", ", $h),
+                    concat!("tdpbssd tmm1, ", $a, ", ", $l),
+                    a = in(reg) a,
+                    s = in(reg) stride,
+                    hi = in(reg) hi,
+                    lo = in(reg) lo,
+                    s64 = in(reg) 64usize,
+                    options(readonly, nostack, preserves_flags)
+                )
+            };
+        }
+        if ks % 2 == 0 {
+            step!("tmm2", "tmm3", "tmm4");
+        } else {
+            step!("tmm5", "tmm6", "tmm7");
+        }
+    }
+}
+
+/// 16 tokens × 16 rows of i32, as a tile store writes them.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Sums([__m512i; 16]);
+
+/// 16 tokens (`a0`, `stride` bytes apart) × the panel's 16 rows over all its blocks; token `t`'s
+/// results are stored (lanes in `mask`) at `out[t]`.
+///
+/// # Safety
+/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of `panel.len()` Q8_K
+/// blocks, `stride` bytes apart, and `out[t]` to writable floats for the lanes in `mask`; the CPU
+/// features as [`gemm`].
+#[inline(always)]
+unsafe fn tile<K: KFormat>(
+    panel: &[PanelBlock],
+    digits: &[Digits],
+    a0: *const u8,
+    stride: usize,
+    out: [*mut f32; 16],
+    mask: __mmask16,
+) {
+    let zero = _mm512_setzero_si512();
+    let mut acc = [_mm512_setzero_ps(); 16];
+    // [hi, lo]
+    let mut sums = [Sums([zero; 16]); 2];
+    zero_sums();
+    products(&digits[0], a0, stride, 0..4);
+    for (b, pb) in panel.iter().enumerate() {
+        store(&mut sums);
+        let next = (b + 1 < panel.len()).then(|| (&digits[b + 1], a0.add((b + 1) * AB)));
+        if next.is_some() {
+            zero_sums();
+        }
+        // The next block's products run on the tiles while this block's epilogue runs on the vector
+        // units, in two halves each, so that the epilogue's µops behind a waiting tile instruction fit
+        // the reorder buffer.
+        for half in 0..2 {
+            if let Some((dg, a)) = next {
+                products(dg, a, stride, 2 * half..2 * half + 2);
+            }
+            for t in half * 8..(half + 1) * 8 {
+                let acc = &mut acc[t];
+                let (hi, lo) = (sums[0].0[t], sums[1].0[t]);
+                // The exact sum Σ w'·a of (token, row): as the AVX-512 GEMM's `s` (or `s − m << SHIFT`).
+                let s = _mm512_add_epi32(_mm512_slli_epi32::<7>(hi), lo);
+                let ab = a0.add(t * stride + b * AB);
+                let dy = _mm512_set1_ps(read_f32(ab));
+                if K::MINS {
+                    let mut m = zero;
+                    for (i, c) in pb.corr.iter().enumerate() {
+                        m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
+                    }
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(pb.d, dy), *acc);
+                    *acc =
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(pb.dmin, dy), *acc);
+                } else {
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(pb.d, dy), *acc);
+                }
+            }
+        }
+    }
+    for (o, v) in out.iter().zip(&acc) {
+        _mm512_mask_storeu_ps(*o, mask, *v);
+    }
+}
+
+/// Stores the sum tiles `tmm0` (hi) and `tmm1` (lo) into `dst`.
+///
+/// # Safety
+/// The tile configuration [`CONFIG`] must be loaded.
+#[inline(always)]
+unsafe fn store(dst: &mut [Sums; 2]) {
+    let (hi, lo) = (dst[0].0.as_mut_ptr(), dst[1].0.as_mut_ptr());
+    // SAFETY: each store writes 16 rows of 64 bytes into a `Sums` (1 KiB) we hold mutably.
+    asm!(
+        "tilestored [{hi} + {s}*1], tmm0",
+        "tilestored [{lo} + {s}*1], tmm1",
+        hi = in(reg) hi,
+        lo = in(reg) lo,
+        s = in(reg) 64usize,
+        options(nostack, preserves_flags)
+    );
+}
