@@ -247,12 +247,17 @@ pub fn by_isa(isa: Isa) -> Option<&'static Kernels> {
 }
 
 /// The table every matmul uses: the best this CPU runs, or the one `DELTAQ_ISA` names (if available;
-/// otherwise a warning and the best).
+/// otherwise a warning and the best). `avx512-amx` is only taken when named: its GEMM is faster in
+/// the probe but has not yet measured faster in whole prompts (docs/measurements.md).
 pub fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<&'static Kernels> = OnceLock::new();
     CHOSEN.get_or_init(|| {
         let all = available();
-        let best = *all.last().expect("scalar is always available");
+        let best = *all
+            .iter()
+            .rev()
+            .find(|k| k.isa != Isa::Amx)
+            .expect("scalar is always available");
         match std::env::var("DELTAQ_ISA") {
             Ok(name) => match Isa::from_name(&name).and_then(by_isa) {
                 Some(k) => k,
