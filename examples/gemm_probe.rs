@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use deltaq::kernels::{self, GemmOut, Isa};
+use deltaq::kernels::{self, GemmOut, Isa, Q8kQuants};
 use deltaq::quant::{self, GgmlType};
 
 fn main() {
@@ -55,14 +55,31 @@ fn main() {
     for rep in 0..reps + 1 {
         let w = &ws[rep % copies];
         let t0 = Instant::now();
+        // A GEMM that takes the Q8_K quants as aligned rows gets them as `matmuls` makes them: copied
+        // once per product (timed with it).
+        let quants = g.run_quants.filter(|_| act == GgmlType::Q8_K).map(|run| {
+            let mut buf = (Vec::new(), Vec::new());
+            kernels::q8k_quants(&a, n_in, &mut buf);
+            (run, buf)
+        });
         for r0 in (0..n_out).step_by(64) {
             let rows = 64.min(n_out - r0);
-            (g.run)(
-                ty,
-                &w[r0 * rb..(r0 + rows) * rb],
-                &a,
-                GemmOut::new(&mut out[..rows * n_tok], n_tok),
-            );
+            let o = GemmOut::new(&mut out[..rows * n_tok], n_tok);
+            let wr = &w[r0 * rb..(r0 + rows) * rb];
+            match &quants {
+                Some((run, (lines, sums32))) => run(
+                    ty,
+                    wr,
+                    &a,
+                    Q8kQuants {
+                        lines,
+                        sums32,
+                        n_in,
+                    },
+                    o,
+                ),
+                None => (g.run)(ty, wr, &a, o),
+            }
         }
         times.push(t0.elapsed().as_secs_f64());
     }

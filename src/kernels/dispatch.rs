@@ -101,7 +101,28 @@ pub struct AttendSteps {
 pub struct QuantGemm {
     pub supports: fn(ty: GgmlType) -> bool,
     pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>),
+    /// The same for Q8_K activations, also given their quants as plain rows ([`Q8kQuants`]), which a
+    /// GEMM reading 64-byte rows of several tokens at once (AMX tiles) wants aligned; the same results.
+    pub run_quants: Option<QuantsGemmFn>,
 }
+
+/// [`QuantGemm::run_quants`]: `(ty, w, a, qs, out)`.
+pub type QuantsGemmFn = fn(GgmlType, &[u8], &[u8], Q8kQuants<'_>, GemmOut<'_>);
+
+/// The quants of Q8_K activation rows without the blocks' scales: token `t`'s `n_in` values at byte
+/// `t · n_in`, in 64-byte aligned lines (`n_in` is a multiple of the block size, 256), and the blocks'
+/// sums per 32 values (`sums32[t · n_in / 256 + b]` for block `b`; the sum of the two 16-value sums).
+#[derive(Clone, Copy)]
+pub struct Q8kQuants<'a> {
+    pub lines: &'a [Line64],
+    pub sums32: &'a [[i16; 8]],
+    pub n_in: usize,
+}
+
+/// 64 bytes on a 64-byte boundary.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C, align(64))]
+pub struct Line64(pub [u8; 64]);
 
 /// Where a prefill GEMM writes: `rows` results for each of `n_tok` tokens, token `t`'s at
 /// `t * ld .. t * ld + rows`. The rows of one work item are a column block of the whole output, so the

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-use super::{kernels, GemmOut, Kernels, QuantGemm, FEW_TOKENS};
+use super::{kernels, GemmOut, Kernels, Line64, Q8kQuants, QuantGemm, FEW_TOKENS};
 use crate::quant::GgmlType;
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
@@ -76,12 +76,15 @@ thread_local! {
     /// The calling thread's `[rows × tokens]` tile of a few-token work item ([`Plan::block`]): kept, so
     /// that a verification's items do not zero 16 KiB each.
     static TILE_BUF: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's Q8_K quants in aligned rows, for a table's [`QuantGemm::run_quants`].
+    static QUANTS_BUF: Cell<(Vec<Line64>, Vec<[i16; 8]>)> = const { Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// Frees the calling thread's quantized-activation buffer (grown to the largest call, e.g. a
 /// prompt's ubatch); the next call grows it again.
 pub fn release_act_buffer() {
     drop(ACT_BUF.take());
+    drop(QUANTS_BUF.take());
 }
 
 /// [`matmul`] for several weights (at most [`MAX_JOBS`]) that read the same input `x`: the activations
@@ -197,6 +200,31 @@ fn matmuls_with(
         }
     }
 
+    // A GEMM that wants the Q8_K quants as aligned rows gets them copied once for all its items.
+    let gemm_of = |w: &Weight| {
+        k.quant_gemm
+            .filter(|g| n_tokens >= GEMM_MIN_TOKENS && (g.supports)(w.ty))
+    };
+    let wants_quants = |w: &Weight| {
+        w.ty.vec_dot_type() == GgmlType::Q8_K && gemm_of(w).is_some_and(|g| g.run_quants.is_some())
+    };
+    let mut quants_buf = QUANTS_BUF.take();
+    let quants_at = jobs
+        .iter()
+        .enumerate()
+        .find_map(|(j, (w, _))| at[j].filter(|_| wants_quants(w)));
+    if let Some(start) = quants_at {
+        let ab = GgmlType::Q8_K
+            .row_bytes(n_in as u64)
+            .expect("row length checked at load") as usize;
+        q8k_quants(&buf[start..start + n_tokens * ab], n_in, &mut quants_buf);
+    }
+    let quants = quants_at.map(|_| Q8kQuants {
+        lines: &quants_buf.0[..n_tokens * n_in / 64],
+        sums32: &quants_buf.1[..n_tokens * n_in / 256],
+        n_in,
+    });
+
     {
         // Work items: blocks of weight rows × blocks of tokens, numbered job by job, row block by row
         // block, so consecutive items (one thread's share) reuse the same weight rows while they are in
@@ -207,9 +235,7 @@ fn matmuls_with(
         let mut jobs = jobs.iter_mut().enumerate();
         let plans: [Option<Plan>; MAX_JOBS] = std::array::from_fn(|_| {
             jobs.next().map(|(j, (w, out))| {
-                let gemm = k
-                    .quant_gemm
-                    .filter(|g| n_tokens >= GEMM_MIN_TOKENS && (g.supports)(w.ty));
+                let gemm = gemm_of(w);
                 let (rows, tok_block) = match gemm {
                     Some(_) => (GEMM_ROWS, n_tokens),
                     None => (rows_per_item(w, n_tokens), n_tokens.min(TOKEN_BLOCK)),
@@ -219,6 +245,7 @@ fn matmuls_with(
                     k,
                     w,
                     act: at[j].map(|start| &buf[start..start + n_tokens * act_bytes(w)]),
+                    quants: quants.filter(|_| wants_quants(w)),
                     gemm,
                     out: OutPtr(out.as_mut_ptr()),
                     rows,
@@ -271,6 +298,45 @@ fn matmuls_with(
         }
     }
     ACT_BUF.set(buf);
+    QUANTS_BUF.set(quants_buf);
+}
+
+/// Q8_K block layout: an f32 scale, 256 quants, 16 i16 sums of 16 quants.
+const Q8K_BLOCK: usize = 292;
+const Q8K_QS: usize = 4;
+const Q8K_SUMS: usize = 260;
+
+/// The quants of `n_tok` Q8_K rows of `n_in` values (`q`, back to back) as [`Q8kQuants`] rows and sums
+/// per 32 in `out` (grown as needed), one token per thread task.
+pub fn q8k_quants(q: &[u8], n_in: usize, out: &mut (Vec<Line64>, Vec<[i16; 8]>)) {
+    let nb = n_in / 256;
+    let n_tok = q.len() / (nb * Q8K_BLOCK);
+    assert!(n_in.is_multiple_of(256) && q.len() == n_tok * nb * Q8K_BLOCK);
+    if out.0.len() < n_tok * n_in / 64 {
+        out.0.resize(n_tok * n_in / 64, Line64([0; 64]));
+    }
+    if out.1.len() < n_tok * nb {
+        out.1.resize(n_tok * nb, [0; 8]);
+    }
+    let bytes = bytemuck::cast_slice_mut::<Line64, u8>(&mut out.0[..n_tok * n_in / 64]);
+    bytes
+        .par_chunks_mut(n_in)
+        .zip(out.1.par_chunks_mut(nb))
+        .zip(q.par_chunks(nb * Q8K_BLOCK))
+        .for_each(|((dst, sums), row)| {
+            for ((d, s), blk) in dst
+                .chunks_exact_mut(256)
+                .zip(sums)
+                .zip(row.chunks_exact(Q8K_BLOCK))
+            {
+                d.copy_from_slice(&blk[Q8K_QS..Q8K_QS + 256]);
+                let sum16 = |i: usize| {
+                    i16::from_le_bytes([blk[Q8K_SUMS + 2 * i], blk[Q8K_SUMS + 2 * i + 1]])
+                };
+                // Each is at most 32 · 127 in size: no overflow.
+                *s = core::array::from_fn(|i| sum16(2 * i) + sum16(2 * i + 1));
+            }
+        });
 }
 
 thread_local! {
@@ -379,6 +445,8 @@ struct Plan<'a> {
     w: &'a Weight<'a>,
     /// The quantized activations (quantized weights only).
     act: Option<&'a [u8]>,
+    /// Their quants as aligned rows, for a GEMM that takes them ([`QuantGemm::run_quants`]).
+    quants: Option<Q8kQuants<'a>>,
     /// The table's prefill GEMM, if it takes this weight type and the call has enough tokens.
     gemm: Option<QuantGemm>,
     out: OutPtr,
@@ -409,7 +477,25 @@ impl Plan<'_> {
             // whole call); this item alone writes tokens `t0..t0+tt`' elements `r0..r0+rr`, and
             // `rr ≤ n_out`.
             let o = unsafe { GemmOut::from_raw(self.out.0.add(t0 * n_out + r0), rr, tt, n_out) };
-            (g.run)(w.ty, wb, &act[t0 * ab..(t0 + tt) * ab], o);
+            let a = &act[t0 * ab..(t0 + tt) * ab];
+            match (g.run_quants, self.quants) {
+                (Some(run), Some(q)) => {
+                    let lines = &q.lines[t0 * n_in / 64..(t0 + tt) * n_in / 64];
+                    let sums32 = &q.sums32[t0 * n_in / 256..(t0 + tt) * n_in / 256];
+                    run(
+                        w.ty,
+                        wb,
+                        a,
+                        Q8kQuants {
+                            lines,
+                            sums32,
+                            n_in,
+                        },
+                        o,
+                    )
+                }
+                _ => (g.run)(w.ty, wb, a, o),
+            }
             return;
         }
         // Rows `r0 + p0 ..` (`pr` of them) of the item → `o` (`[pr × tt]`).

@@ -23,9 +23,11 @@ mod x86;
 /// verification step (the last token and up to three drafted ones).
 pub const FEW_TOKENS: usize = 4;
 
-pub use dispatch::{available, by_isa, kernels, GemmOut, Isa, Kernels, OpsFns, QuantGemm};
+pub use dispatch::{
+    available, by_isa, kernels, GemmOut, Isa, Kernels, Line64, OpsFns, Q8kQuants, QuantGemm,
+};
 pub use matmul::{
-    can_multiply, decode_rows_per_item, matmul, matmul_with, matmuls, observe_matmuls,
+    can_multiply, decode_rows_per_item, matmul, matmul_with, matmuls, observe_matmuls, q8k_quants,
     release_act_buffer, MatmulObserver, ObserverGuard, Weight,
 };
 

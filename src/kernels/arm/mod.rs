@@ -48,6 +48,7 @@ pub static NEON_DOTPROD: Kernels = Kernels {
     quant_gemm: Some(QuantGemm {
         supports: gemm_supports,
         run: quant_gemm_dotprod,
+        run_quants: None,
     }),
     float_rows: float::float_rows,
     quantize_act: quantize::quantize_act,

@@ -15,6 +15,7 @@ pub static KERNELS: Kernels = Kernels {
     quant_gemm: Some(QuantGemm {
         supports: super::kgemm_supports,
         run: quant_gemm,
+        run_quants: None,
     }),
     float_rows,
     quantize_act,

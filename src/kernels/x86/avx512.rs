@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 use super::{
     Iq3S, Iq3Xxs, Simd, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
-use crate::kernels::dispatch::{GemmOut, Isa, Kernels, QuantGemm};
+use crate::kernels::dispatch::{GemmOut, Isa, Kernels, Q8kQuants, QuantGemm};
 use crate::quant::GgmlType;
 
 /// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
@@ -19,6 +19,7 @@ pub static KERNELS_AMX: Kernels = Kernels {
     quant_gemm: Some(QuantGemm {
         supports: gemm_supports,
         run: gemm_any_amx,
+        run_quants: Some(quant_gemm_amx_quants),
     }),
     ..TABLE
 };
@@ -29,6 +30,7 @@ const TABLE: Kernels = Kernels {
     quant_gemm: Some(QuantGemm {
         supports: gemm_supports,
         run: gemm_any,
+        run_quants: None,
     }),
     float_rows,
     quantize_act,
@@ -144,6 +146,31 @@ fn gemm_any(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
     } else {
         quant_gemm(ty, w, a, out)
     }
+}
+
+/// [`gemm_any_amx`] with the activations' quants in aligned rows (the IQ formats do not take Q8_K
+/// activations, so only the K-quants come here).
+fn quant_gemm_amx_quants(ty: GgmlType, w: &[u8], a: &[u8], qs: Q8kQuants<'_>, out: GemmOut<'_>) {
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn run<K: super::kquants::KFormat>(
+        w: &[u8],
+        a: &[u8],
+        qs: Q8kQuants<'_>,
+        out: GemmOut<'_>,
+    ) {
+        super::kgemm_amx::gemm_quants::<K>(w, a, qs, out)
+    }
+    let f: unsafe fn(&[u8], &[u8], Q8kQuants<'_>, GemmOut<'_>) = match ty {
+        GgmlType::Q2_K => run::<Q2K>,
+        GgmlType::Q3_K => run::<Q3K>,
+        GgmlType::Q4_K => run::<Q4K>,
+        GgmlType::Q5_K => run::<Q5K>,
+        GgmlType::Q6_K => run::<Q6K>,
+        other => return gemm_any_amx(other, w, a, out),
+    };
+    // SAFETY: the AMX table is only handed out after its features and the tile state were confirmed
+    // (`kgemm_amx::detected`); lengths are checked inside.
+    unsafe { f(w, a, qs, out) }
 }
 
 fn gemm_any_amx(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {

@@ -22,8 +22,11 @@ use std::sync::OnceLock;
 
 use super::kgemm::{dpwssd_bcast, pack, read_rows, transpose16x8, PanelBlock, ROWS};
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
+
+/// Values per Q8_K block.
+const QK: usize = 256;
 use super::{read_f32, PanelPrefetch};
-use crate::kernels::GemmOut;
+use crate::kernels::{GemmOut, Q8kQuants};
 
 /// Whether the CPU has AMX-TILE and AMX-INT8 and the OS lets this process use the tile registers
 /// (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once).
@@ -72,6 +75,9 @@ fn os_grants_tiles() -> bool {
 struct Digits {
     hi: [__m512i; 64],
     lo: [__m512i; 64],
+    /// For the formats with one min per 32 columns (Q4_K, Q5_K): the i16 pairs `(min_2k, min_2k+1)` of
+    /// every row, to meet the activations' sums per 32 ([`Q8kQuants::sums32`]).
+    mins32: [__m512i; 4],
 }
 
 thread_local! {
@@ -102,7 +108,41 @@ const CONFIG: TileConfig = {
 /// The CPU must have AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI (the caller's target features) and AMX-INT8
 /// with the tile state granted ([`detected`]).
 #[inline(always)]
-pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) {
+pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    drive::<K>(w, a, None, out)
+}
+
+/// [`gemm`] with the activations' quants also as aligned rows `qs`, which the tiles load from instead of
+/// the Q8_K rows (whose 64-byte pieces straddle two cache lines each): the same results.
+///
+/// # Safety
+/// As [`gemm`].
+#[inline(always)]
+pub(super) unsafe fn gemm_quants<K: KFormat>(
+    w: &[u8],
+    a: &[u8],
+    qs: Q8kQuants<'_>,
+    out: GemmOut<'_>,
+) {
+    drive::<K>(w, a, Some(qs), out)
+}
+
+/// Where a tile's activation rows come from: block `b` of token `t` at `base + t·stride + b·block`.
+#[derive(Clone, Copy)]
+struct ActRows {
+    base: *const u8,
+    stride: usize,
+    block: usize,
+    /// The sums per 32 of token `t`'s block `b` at `sums32 + t·nb + b`, if given.
+    sums32: Option<*const [i16; 8]>,
+}
+
+/// [`gemm`], the tiles reading the quants from `qs` if given, else from the Q8_K rows.
+///
+/// # Safety
+/// As [`gemm`].
+#[inline(always)]
+unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut out: GemmOut<'_>) {
     let (n_rows, n_tok) = (out.rows(), out.n_tok());
     if n_tok < 16 || n_rows == 0 {
         return super::kgemm::gemm::<K>(w, a, out);
@@ -119,6 +159,31 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
     let tok_stride = nb * AB;
     let arow = |t: usize| ap.add(t * tok_stride);
+    let rows_at = match qs {
+        Some(q) => {
+            assert!(
+                q.n_in == nb * QK
+                    && q.lines.len() * 64 >= n_tok * q.n_in
+                    && q.sums32.len() >= n_tok * nb,
+                "kgemm_amx: {} quant lines and {} sums of {} for {n_tok} tokens of {nb} blocks",
+                q.lines.len(),
+                q.sums32.len(),
+                q.n_in
+            );
+            ActRows {
+                base: q.lines.as_ptr() as *const u8,
+                stride: q.n_in,
+                block: QK,
+                sums32: Some(q.sums32.as_ptr()),
+            }
+        }
+        None => ActRows {
+            base: ap.add(AQS),
+            stride: tok_stride,
+            block: AB,
+            sums32: None,
+        },
+    };
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(readonly, nostack, preserves_flags));
     let mut r0 = 0;
     while r0 < n_rows {
@@ -138,7 +203,12 @@ pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], mut out: GemmOut<'_>) 
         while t + 16 <= n_tok {
             prefetch.step(per_tile);
             let dst: [*mut f32; 16] = core::array::from_fn(|i| o(t + i));
-            tile::<K>(panel, digits, arow(t), tok_stride, dst, mask);
+            let rows_t = ActRows {
+                base: rows_at.base.add(t * rows_at.stride),
+                sums32: rows_at.sums32.map(|p| p.add(t * nb)),
+                ..rows_at
+            };
+            tile::<K>(panel, digits, arow(t), tok_stride, rows_t, dst, mask);
             t += 16;
         }
         while t + 8 <= n_tok {
@@ -196,6 +266,16 @@ unsafe fn split_digits<K: KFormat>(rr: &super::kgemm::RowsRead, out: &mut Digits
         out.hi[8 * c..8 * c + 8].copy_from_slice(&transpose16x8(&hi));
         out.lo[8 * c..8 * c + 8].copy_from_slice(&transpose16x8(&lo));
     }
+    if K::MINS && !K::SCALES16 {
+        // The min of 32 columns is the factor of both their 16-column sums: corr[2j] = corr[2j + 1].
+        for (k, v) in out.mins32.iter_mut().enumerate() {
+            let lanes: [i32; ROWS] = core::array::from_fn(|r| {
+                (rr.corr[r][4 * k] as u16 as u32 | ((rr.corr[r][4 * k + 2] as u16 as u32) << 16))
+                    as i32
+            });
+            *v = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
+        }
+    }
 }
 
 /// 32 i16 lanes: `a` in the first 16, `b` in the last 16.
@@ -222,18 +302,18 @@ unsafe fn zero_sums() {
 }
 
 /// Adds K-steps `steps` (64 columns each) of one super-block to the sum tiles: `Σ hi·a` in `tmm0`, `Σ lo·a`
-/// in `tmm1`, from 16 tokens' activations at `a0` (the block's quants, `stride` bytes apart) and the
+/// in `tmm1`, from 16 tokens' quants of one block at `a0` (`stride` bytes apart) and the
 /// digits `dg`. Even steps load into `tmm2..=tmm4`, odd ones into `tmm5..=tmm7`, so that a step's loads
 /// need not wait for the products of the step before to have read their tiles.
 ///
 /// # Safety
-/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 Q8_K rows of at least `b + 1`
-/// blocks, `stride` bytes apart.
+/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of 256 readable bytes,
+/// `stride` bytes apart.
 #[inline(always)]
 unsafe fn products(dg: &Digits, a0: *const u8, stride: usize, steps: core::ops::Range<usize>) {
     for ks in steps {
         let (hi, lo) = (dg.hi[16 * ks..].as_ptr(), dg.lo[16 * ks..].as_ptr());
-        let a = a0.add(AQS + 64 * ks);
+        let a = a0.add(64 * ks);
         macro_rules! step {
             ($a:literal, $h:literal, $l:literal) => {
                 // SAFETY: each tile load reads 16 rows of 64 bytes that the caller guarantees (the digits
@@ -271,26 +351,28 @@ struct Sums([__m512i; 16]);
 ///
 /// # Safety
 /// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of `panel.len()` Q8_K
-/// blocks, `stride` bytes apart, and `out[t]` to writable floats for the lanes in `mask`; the CPU
-/// features as [`gemm`].
+/// blocks, `stride` bytes apart, `quants` to their quants, and `out[t]` to writable floats for the lanes
+/// in `mask`; the CPU features as [`gemm`].
 #[inline(always)]
 unsafe fn tile<K: KFormat>(
     panel: &[PanelBlock],
     digits: &[Digits],
     a0: *const u8,
     stride: usize,
+    quants: ActRows,
     out: [*mut f32; 16],
     mask: __mmask16,
 ) {
+    let block_quants = |b: usize| quants.base.add(b * quants.block);
     let zero = _mm512_setzero_si512();
     let mut acc = [_mm512_setzero_ps(); 16];
     // [hi, lo]
     let mut sums = [Sums([zero; 16]); 2];
     zero_sums();
-    products(&digits[0], a0, stride, 0..4);
+    products(&digits[0], block_quants(0), quants.stride, 0..4);
     for (b, pb) in panel.iter().enumerate() {
         store(&mut sums);
-        let next = (b + 1 < panel.len()).then(|| (&digits[b + 1], a0.add((b + 1) * AB)));
+        let next = (b + 1 < panel.len()).then(|| (&digits[b + 1], block_quants(b + 1)));
         if next.is_some() {
             zero_sums();
         }
@@ -299,7 +381,7 @@ unsafe fn tile<K: KFormat>(
         // the reorder buffer.
         for half in 0..2 {
             if let Some((dg, a)) = next {
-                products(dg, a, stride, 2 * half..2 * half + 2);
+                products(dg, a, quants.stride, 2 * half..2 * half + 2);
             }
             for t in half * 8..(half + 1) * 8 {
                 let acc = &mut acc[t];
@@ -309,9 +391,20 @@ unsafe fn tile<K: KFormat>(
                 let ab = a0.add(t * stride + b * AB);
                 let dy = _mm512_set1_ps(read_f32(ab));
                 if K::MINS {
+                    // Σ corr·bsums: with the sums per 32, 4 pairs instead of 8 (the same integer).
                     let mut m = zero;
-                    for (i, c) in pb.corr.iter().enumerate() {
-                        m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
+                    match quants.sums32.filter(|_| !K::SCALES16) {
+                        Some(p) => {
+                            let sums = p.add(t * panel.len() + b) as *const u8;
+                            for (k, c) in digits[b].mins32.iter().enumerate() {
+                                m = dpwssd_bcast(m, *c, sums.add(4 * k));
+                            }
+                        }
+                        None => {
+                            for (i, c) in pb.corr.iter().enumerate() {
+                                m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
+                            }
+                        }
                     }
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(pb.d, dy), *acc);
                     *acc =
