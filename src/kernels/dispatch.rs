@@ -185,6 +185,18 @@ impl<'a> GemmOut<'a> {
         (rb, nb)
     }
 
+    /// Tokens `t0..t0 + n` of this output.
+    pub fn tokens(&mut self, t0: usize, n: usize) -> GemmOut<'_> {
+        assert!(t0 + n <= self.n_tok, "GemmOut: tokens out of range");
+        GemmOut {
+            ptr: self.ptr.wrapping_add(t0 * self.ld),
+            rows: self.rows,
+            n_tok: n,
+            ld: self.ld,
+            _out: PhantomData,
+        }
+    }
+
     /// Token `t`'s results (`t < n_tok`): `rows` writable floats.
     pub fn token_ptr(&mut self, t: usize) -> *mut f32 {
         assert!(t < self.n_tok, "GemmOut: token out of range");
@@ -268,17 +280,12 @@ pub fn by_isa(isa: Isa) -> Option<&'static Kernels> {
 }
 
 /// The table every matmul uses: the best this CPU runs, or the one `DELTAQ_ISA` names (if available;
-/// otherwise a warning and the best). `avx512-amx` is only taken when named: its GEMM is faster in
-/// the probe but has not yet measured faster in whole prompts (docs/measurements.md).
+/// otherwise a warning and the best).
 pub fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<&'static Kernels> = OnceLock::new();
     CHOSEN.get_or_init(|| {
         let all = available();
-        let best = *all
-            .iter()
-            .rev()
-            .find(|k| k.isa != Isa::Amx)
-            .expect("scalar is always available");
+        let best = *all.last().expect("scalar is always available");
         match std::env::var("DELTAQ_ISA") {
             Ok(name) => match Isa::from_name(&name).and_then(by_isa) {
                 Some(k) => k,

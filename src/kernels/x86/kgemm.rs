@@ -259,14 +259,27 @@ pub(super) unsafe fn pack<K: KFormat>(rr: &RowsRead, out: &mut PanelBlock) {
         let lanes: [i32; ROWS] = core::array::from_fn(|r| rr.sc[r][j] as i32);
         *v = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
     }
-    for i in 0..8 {
+    (out.corr, out.d, out.dmin) = pack_epilogue(rr);
+}
+
+/// What the float epilogue of the rows read takes: the block-sum factor pairs `(corr[2i], corr[2i+1])`
+/// (i16 pairs, lane = row), `d` and `dmin`.
+///
+/// # Safety
+/// The CPU features as [`gemm`].
+#[inline(always)]
+pub(super) unsafe fn pack_epilogue(rr: &RowsRead) -> ([__m512i; 8], __m512, __m512) {
+    let corr = core::array::from_fn(|i| {
         let lanes: [i32; ROWS] = core::array::from_fn(|r| {
             (rr.corr[r][2 * i] as u16 as u32 | ((rr.corr[r][2 * i + 1] as u16 as u32) << 16)) as i32
         });
-        out.corr[i] = _mm512_loadu_si512(lanes.as_ptr() as *const __m512i);
-    }
-    out.d = _mm512_loadu_ps(rr.d.as_ptr());
-    out.dmin = _mm512_loadu_ps(rr.dmin.as_ptr());
+        _mm512_loadu_si512(lanes.as_ptr() as *const __m512i)
+    });
+    (
+        corr,
+        _mm512_loadu_ps(rr.d.as_ptr()),
+        _mm512_loadu_ps(rr.dmin.as_ptr()),
+    )
 }
 
 /// 16 rows of 8 u32 → 8 vectors of 16 u32: `out[q]` lane `r` = `rows[r]` element `q`.

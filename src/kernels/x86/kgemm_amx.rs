@@ -10,17 +10,20 @@
 //! kernels form, and the float epilogue (the mins' block sums, `d`, `dmin`) is theirs, in their order:
 //! the results are bit-identical to them (prefill still equals decode).
 //!
-//! Layout: tile A is 16 tokens × 64 activation bytes (the Q8_K rows in place, one token's row per tile
-//! row), tile B 16 quads × 16 weight rows × 4 bytes (the AVX-512 panel's quad layout), tile C 16 tokens
-//! × 16 rows of i32. Two groups of 16 tokens share each B load; the epilogue of a super-block runs on
-//! the vector units while the tiles multiply the next one. Fewer than 16 tokens left: the AVX-512 tile.
+//! Layout: tile A is 16 tokens × 64 activation bytes (one token's quants per tile row: from 64-byte
+//! aligned copies of them when `matmuls` makes those, [`Q8kQuants`], else from the Q8_K rows in place),
+//! tile B 16 quads × 16 weight rows × 4 bytes (the AVX-512 panel's quad layout), tile C 16 tokens × 16
+//! rows of i32. Double-buffered source tiles let a step's loads go ahead of the previous products; the
+//! epilogue of a super-block runs on the vector units while the tiles multiply the next one. The columns
+//! are cut into chunks whose unpacked weights stay in L2 for all tokens. Tokens past the last 16: the
+//! AVX-512 GEMM.
 
 use core::arch::asm;
 use core::arch::x86_64::*;
 use std::cell::Cell;
 use std::sync::OnceLock;
 
-use super::kgemm::{dpwssd_bcast, pack, read_rows, transpose16x8, PanelBlock, ROWS};
+use super::kgemm::{dpwssd_bcast, pack_epilogue, read_rows, transpose16x8, ROWS};
 use super::kquants::{KFormat, AB, ABSUMS, AQS};
 
 /// Values per Q8_K block.
@@ -68,22 +71,31 @@ fn os_grants_tiles() -> bool {
     false
 }
 
-/// A super-block of a 16-row panel as the two digit tiles' bytes: quad `q` (columns `4q..4q+4`), lane `r`
-/// holds row `r`'s four `hi` (or `lo`) digits, as [`PanelBlock::codes`] holds the codes.
+/// A super-block of a 16-row panel, ready for the tiles: quad `q` (columns `4q..4q+4`), lane `r` holds row
+/// `r`'s four `hi` (or `lo`) digits, as [`super::kgemm::PanelBlock::codes`] holds the codes; and what the float epilogue
+/// takes.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Digits {
+struct AmxBlock {
     hi: [__m512i; 64],
     lo: [__m512i; 64],
     /// For the formats with one min per 32 columns (Q4_K, Q5_K): the i16 pairs `(min_2k, min_2k+1)` of
     /// every row, to meet the activations' sums per 32 ([`Q8kQuants::sums32`]).
     mins32: [__m512i; 4],
+    /// As [`super::kgemm::PanelBlock`]'s.
+    corr: [__m512i; 8],
+    d: __m512,
+    dmin: __m512,
 }
 
 thread_local! {
-    static PANEL: Cell<Vec<PanelBlock>> = const { Cell::new(Vec::new()) };
-    static DIGITS: Cell<Vec<Digits>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's unpacked blocks (`[panel][block of the K-chunk]`), grown as needed.
+    static BLOCKS: Cell<Vec<AmxBlock>> = const { Cell::new(Vec::new()) };
 }
+
+/// The most bytes of unpacked blocks one K-chunk keeps (all panels of a call): they stay in L2 while
+/// every 16 tokens' quants of the chunk meet them.
+const CHUNK_BYTES: usize = 512 << 10;
 
 /// The tile configuration: palette 1, all 8 tiles 16 rows × 64 bytes.
 #[repr(C, align(64))]
@@ -139,26 +151,34 @@ struct ActRows {
 
 /// [`gemm`], the tiles reading the quants from `qs` if given, else from the Q8_K rows.
 ///
+/// The rows are cut into 16-row panels and the columns into chunks of super-blocks whose unpacked blocks
+/// (all panels') fit [`CHUNK_BYTES`]; per chunk, every 16 tokens' quants (from L1) meet every panel, and
+/// the float sums wait in the output between chunks (the same operations in the same order).
+///
 /// # Safety
 /// As [`gemm`].
 #[inline(always)]
 unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut out: GemmOut<'_>) {
     let (n_rows, n_tok) = (out.rows(), out.n_tok());
-    if n_tok < 16 || n_rows == 0 {
+    let n_amx = n_tok / 16 * 16;
+    if n_amx == 0 || n_rows == 0 {
         return super::kgemm::gemm::<K>(w, a, out);
     }
     let (rb, nb) = out.blocks(w, a, K::WB, AB);
-    let (mut panel, mut digits) = (PANEL.take(), DIGITS.take());
-    // SAFETY (both): `PanelBlock` and `Digits` are vectors only, valid as all-zero bytes.
-    if panel.len() < nb {
-        panel.resize(nb, unsafe { core::mem::zeroed() });
+    let tok_stride = nb * AB;
+    if n_amx < n_tok {
+        // The tokens past the last 16: the AVX-512 GEMM.
+        let rest = out.tokens(n_amx, n_tok - n_amx);
+        super::kgemm::gemm::<K>(w, &a[n_amx * tok_stride..], rest);
     }
-    if digits.len() < nb {
-        digits.resize(nb, unsafe { core::mem::zeroed() });
+    let n_panels = n_rows.div_ceil(ROWS);
+    let chunk = (CHUNK_BYTES / (n_panels * size_of::<AmxBlock>())).clamp(1, nb);
+    let mut blocks = BLOCKS.take();
+    if blocks.len() < n_panels * chunk {
+        // SAFETY: `AmxBlock` is vectors only, valid as all-zero bytes.
+        blocks.resize(n_panels * chunk, unsafe { core::mem::zeroed() });
     }
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let tok_stride = nb * AB;
-    let arow = |t: usize| ap.add(t * tok_stride);
     let rows_at = match qs {
         Some(q) => {
             assert!(
@@ -184,53 +204,56 @@ unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut o
             sums32: None,
         },
     };
+    // SAFETY: reads the 64-byte configuration.
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(readonly, nostack, preserves_flags));
-    let mut r0 = 0;
-    while r0 < n_rows {
-        let rows = ROWS.min(n_rows - r0);
-        for b in 0..nb {
-            let rr = read_rows::<K>(wp.add(r0 * rb), rb, rows, b);
-            pack::<K>(&rr, &mut panel[b]);
-            split_digits::<K>(&rr, &mut digits[b]);
+    for k0 in (0..nb).step_by(chunk) {
+        let kn = chunk.min(nb - k0);
+        for p in 0..n_panels {
+            let rows = ROWS.min(n_rows - p * ROWS);
+            for (b, blk) in blocks[p * chunk..p * chunk + kn].iter_mut().enumerate() {
+                let rr = read_rows::<K>(wp.add(p * ROWS * rb), rb, rows, k0 + b);
+                (blk.corr, blk.d, blk.dmin) = pack_epilogue(&rr);
+                split_digits::<K>(&rr, blk);
+            }
         }
-        let (panel, digits) = (&panel[..nb], &digits[..nb]);
-        let mut prefetch =
-            PanelPrefetch::new(wp.wrapping_add((r0 + rows) * rb), rb, ROWS, nb * K::WB);
-        let per_tile = prefetch.left().div_ceil(n_tok.div_ceil(16));
-        let mut o = |t: usize| out.token_ptr(t).wrapping_add(r0);
-        let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
-        let mut t = 0;
-        while t + 16 <= n_tok {
-            prefetch.step(per_tile);
-            let dst: [*mut f32; 16] = core::array::from_fn(|i| o(t + i));
-            let rows_t = ActRows {
-                base: rows_at.base.add(t * rows_at.stride),
-                sums32: rows_at.sums32.map(|p| p.add(t * nb)),
+        // The next chunk's weight bytes (or, after the last, the rows past this call's, which
+        // `matmul`'s next work item starts with) stream into L2 while this chunk is multiplied.
+        let mut prefetch = if k0 + kn < nb {
+            let kn2 = chunk.min(nb - k0 - kn);
+            PanelPrefetch::new(wp.add((k0 + kn) * K::WB), rb, n_rows, kn2 * K::WB)
+        } else {
+            PanelPrefetch::new(wp.wrapping_add(n_rows * rb), rb, ROWS, nb * K::WB)
+        };
+        let per_tile = prefetch.left().div_ceil(n_amx / 16 * n_panels);
+        for t in (0..n_amx).step_by(16) {
+            let quants = ActRows {
+                base: rows_at.base.add(t * rows_at.stride + k0 * rows_at.block),
+                sums32: rows_at.sums32.map(|p| p.add(t * nb + k0)),
                 ..rows_at
             };
-            tile::<K>(panel, digits, arow(t), tok_stride, rows_t, dst, mask);
-            t += 16;
-        }
-        while t + 8 <= n_tok {
-            let dst = core::array::from_fn(|i| o(t + i));
-            super::kgemm::tile::<K, 8>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
-            t += 8;
-        }
-        if t + 4 <= n_tok {
-            let dst = core::array::from_fn(|i| o(t + i));
-            super::kgemm::tile::<K, 4>(panel, core::array::from_fn(|i| arow(t + i)), dst, mask);
-            t += 4;
-        }
-        while t < n_tok {
-            super::kgemm::tile::<K, 1>(panel, [arow(t)], [o(t)], mask);
-            t += 1;
+            for p in 0..n_panels {
+                let rows = ROWS.min(n_rows - p * ROWS);
+                let mask: __mmask16 = if rows == ROWS { !0 } else { (1u16 << rows) - 1 };
+                let dst: [*mut f32; 16] =
+                    core::array::from_fn(|i| out.token_ptr(t + i).wrapping_add(p * ROWS));
+                prefetch.step(per_tile);
+                tile::<K>(
+                    &blocks[p * chunk..p * chunk + kn],
+                    ap.add(t * tok_stride + k0 * AB),
+                    tok_stride,
+                    nb,
+                    quants,
+                    dst,
+                    mask,
+                    k0 == 0,
+                );
+            }
         }
         prefetch.step(usize::MAX);
-        r0 += rows;
     }
+    // SAFETY: touches the tile state only.
     asm!("tilerelease", options(nomem, nostack, preserves_flags));
-    PANEL.set(panel);
-    DIGITS.set(digits);
+    BLOCKS.set(blocks);
 }
 
 /// The digit tiles of the rows read: `w' = sc·q` (formats with mins) or `sc·q − corr << SHIFT` per row
@@ -239,7 +262,7 @@ unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut o
 /// # Safety
 /// The CPU features as [`gemm`].
 #[inline(always)]
-unsafe fn split_digits<K: KFormat>(rr: &super::kgemm::RowsRead, out: &mut Digits) {
+unsafe fn split_digits<K: KFormat>(rr: &super::kgemm::RowsRead, out: &mut AmxBlock) {
     let low7 = _mm512_set1_epi16(127);
     for c in 0..8 {
         let mut hi = [_mm256_setzero_si256(); ROWS];
@@ -310,7 +333,7 @@ unsafe fn zero_sums() {
 /// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of 256 readable bytes,
 /// `stride` bytes apart.
 #[inline(always)]
-unsafe fn products(dg: &Digits, a0: *const u8, stride: usize, steps: core::ops::Range<usize>) {
+unsafe fn products(dg: &AmxBlock, a0: *const u8, stride: usize, steps: core::ops::Range<usize>) {
     for ks in steps {
         let (hi, lo) = (dg.hi[16 * ks..].as_ptr(), dg.lo[16 * ks..].as_ptr());
         let a = a0.add(64 * ks);
@@ -346,33 +369,40 @@ unsafe fn products(dg: &Digits, a0: *const u8, stride: usize, steps: core::ops::
 #[repr(C, align(64))]
 struct Sums([__m512i; 16]);
 
-/// 16 tokens (`a0`, `stride` bytes apart) × the panel's 16 rows over all its blocks; token `t`'s
-/// results are stored (lanes in `mask`) at `out[t]`.
+/// 16 tokens (`a0`, `stride` bytes apart) × a panel's 16 rows over the blocks `blocks` of a K-chunk
+/// (token `t`'s Q8_K blocks from `a0 + t·stride`, its sums per 32 `nb` apart); token `t`'s float sums are
+/// continued from `out[t]` (unless `first`) and stored there (lanes in `mask`).
 ///
 /// # Safety
-/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of `panel.len()` Q8_K
-/// blocks, `stride` bytes apart, `quants` to their quants, and `out[t]` to writable floats for the lanes
-/// in `mask`; the CPU features as [`gemm`].
+/// The tile configuration [`CONFIG`] must be loaded; `a0` must point to 16 rows of `blocks.len()` Q8_K
+/// blocks, `stride` bytes apart, `quants` to their quants, and `out[t]` to readable and writable floats
+/// for the lanes in `mask`; the CPU features as [`gemm`].
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn tile<K: KFormat>(
-    panel: &[PanelBlock],
-    digits: &[Digits],
+    blocks: &[AmxBlock],
     a0: *const u8,
     stride: usize,
+    nb: usize,
     quants: ActRows,
     out: [*mut f32; 16],
     mask: __mmask16,
+    first: bool,
 ) {
-    let block_quants = |b: usize| quants.base.add(b * quants.block);
     let zero = _mm512_setzero_si512();
-    let mut acc = [_mm512_setzero_ps(); 16];
+    let mut acc: [__m512; 16] = if first {
+        [_mm512_setzero_ps(); 16]
+    } else {
+        core::array::from_fn(|t| _mm512_maskz_loadu_ps(mask, out[t]))
+    };
+    let block_quants = |b: usize| quants.base.add(b * quants.block);
     // [hi, lo]
     let mut sums = [Sums([zero; 16]); 2];
     zero_sums();
-    products(&digits[0], block_quants(0), quants.stride, 0..4);
-    for (b, pb) in panel.iter().enumerate() {
+    products(&blocks[0], block_quants(0), quants.stride, 0..4);
+    for (b, blk) in blocks.iter().enumerate() {
         store(&mut sums);
-        let next = (b + 1 < panel.len()).then(|| (&digits[b + 1], block_quants(b + 1)));
+        let next = (b + 1 < blocks.len()).then(|| (&blocks[b + 1], block_quants(b + 1)));
         if next.is_some() {
             zero_sums();
         }
@@ -395,22 +425,22 @@ unsafe fn tile<K: KFormat>(
                     let mut m = zero;
                     match quants.sums32.filter(|_| !K::SCALES16) {
                         Some(p) => {
-                            let sums = p.add(t * panel.len() + b) as *const u8;
-                            for (k, c) in digits[b].mins32.iter().enumerate() {
+                            let sums = p.add(t * nb + b) as *const u8;
+                            for (k, c) in blk.mins32.iter().enumerate() {
                                 m = dpwssd_bcast(m, *c, sums.add(4 * k));
                             }
                         }
                         None => {
-                            for (i, c) in pb.corr.iter().enumerate() {
+                            for (i, c) in blk.corr.iter().enumerate() {
                                 m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
                             }
                         }
                     }
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(pb.d, dy), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(blk.d, dy), *acc);
                     *acc =
-                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(pb.dmin, dy), *acc);
+                        _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(blk.dmin, dy), *acc);
                 } else {
-                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(pb.d, dy), *acc);
+                    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(blk.d, dy), *acc);
                 }
             }
         }
