@@ -57,10 +57,10 @@ fn main() {
         let t0 = Instant::now();
         // A GEMM that takes the Q8_K quants as aligned rows gets them as `matmuls` makes them: copied
         // once per product (timed with it).
-        let quants = g.run_quants.filter(|_| act == GgmlType::Q8_K).map(|run| {
+        let quants = g.run_quants.filter(|q| (q.supports)(ty)).map(|q| {
             let mut buf = (Vec::new(), Vec::new());
             kernels::q8k_quants(&a, n_in, &mut buf);
-            (run, buf)
+            (q.run, buf)
         });
         for r0 in (0..n_out).step_by(64) {
             let rows = 64.min(n_out - r0);

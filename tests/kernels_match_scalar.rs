@@ -1168,7 +1168,7 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                 (g.run)(ty, &w, &qa, kernels::GemmOut::new(&mut got, n_tok));
                 // The entry that also takes the quants as aligned rows (AMX), where there is one.
                 let mut got_q = None;
-                if let Some(run) = g.run_quants.filter(|_| ty.vec_dot_type() == GgmlType::Q8_K) {
+                if let Some(q) = g.run_quants.filter(|q| (q.supports)(ty)) {
                     let mut buf = (Vec::new(), Vec::new());
                     kernels::q8k_quants(&qa, n, &mut buf);
                     let qs = kernels::Q8kQuants {
@@ -1177,7 +1177,7 @@ fn quant_gemm_equals_quant_rows_bitwise() {
                         n_in: n,
                     };
                     let mut o = vec![f32::NAN; n_tok * rows];
-                    run(ty, &w, &qa, qs, kernels::GemmOut::new(&mut o, n_tok));
+                    (q.run)(ty, &w, &qa, qs, kernels::GemmOut::new(&mut o, n_tok));
                     got_q = Some(o);
                 }
                 for (entry, got) in [("run", Some(&got)), ("run_quants", got_q.as_ref())] {

@@ -101,13 +101,18 @@ pub struct AttendSteps {
 pub struct QuantGemm {
     pub supports: fn(ty: GgmlType) -> bool,
     pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>),
-    /// The same for Q8_K activations, also given their quants as plain rows ([`Q8kQuants`]), which a
-    /// GEMM reading 64-byte rows of several tokens at once (AMX tiles) wants aligned; the same results.
-    pub run_quants: Option<QuantsGemmFn>,
+    /// For the types it takes, the same with the Q8_K activations' quants also as plain rows
+    /// ([`Q8kQuants`]), which a GEMM reading 64-byte rows of several tokens at once (AMX tiles) wants
+    /// aligned; the same results.
+    pub run_quants: Option<QuantsGemm>,
 }
 
-/// [`QuantGemm::run_quants`]: `(ty, w, a, qs, out)`.
-pub type QuantsGemmFn = fn(GgmlType, &[u8], &[u8], Q8kQuants<'_>, GemmOut<'_>);
+/// A prefill GEMM that also takes the activations' quants as aligned rows ([`QuantGemm::run_quants`]).
+#[derive(Clone, Copy)]
+pub struct QuantsGemm {
+    pub supports: fn(ty: GgmlType) -> bool,
+    pub run: fn(ty: GgmlType, w: &[u8], a: &[u8], qs: Q8kQuants<'_>, out: GemmOut<'_>),
+}
 
 /// The quants of Q8_K activation rows without the blocks' scales: token `t`'s `n_in` values at byte
 /// `t · n_in`, in 64-byte aligned lines (`n_in` is a multiple of the block size, 256), and the blocks'

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rayon::prelude::*;
 
-use super::{kernels, GemmOut, Kernels, Line64, Q8kQuants, QuantGemm, FEW_TOKENS};
-use crate::quant::GgmlType;
+use super::{kernels, GemmOut, Kernels, Line64, Q8kQuants, QuantGemm, QuantsGemm, FEW_TOKENS};
+use crate::quant::{BlockQ8K, GgmlType};
 
 /// A 2-D weight matrix viewed in place (borrowed from the GGUF mapping).
 #[derive(Clone, Copy, Debug)]
@@ -206,7 +206,10 @@ fn matmuls_with(
             .filter(|g| n_tokens >= GEMM_MIN_TOKENS && (g.supports)(w.ty))
     };
     let wants_quants = |w: &Weight| {
-        w.ty.vec_dot_type() == GgmlType::Q8_K && gemm_of(w).is_some_and(|g| g.run_quants.is_some())
+        w.ty.vec_dot_type() == GgmlType::Q8_K
+            && gemm_of(w)
+                .and_then(|g| g.run_quants)
+                .is_some_and(|q| (q.supports)(w.ty))
     };
     let mut quants_buf = QUANTS_BUF.take();
     let quants_at = jobs
@@ -301,10 +304,10 @@ fn matmuls_with(
     QUANTS_BUF.set(quants_buf);
 }
 
-/// Q8_K block layout: an f32 scale, 256 quants, 16 i16 sums of 16 quants.
-const Q8K_BLOCK: usize = 292;
-const Q8K_QS: usize = 4;
-const Q8K_SUMS: usize = 260;
+/// Q8_K block layout ([`BlockQ8K`]): an f32 scale, 256 quants, 16 i16 sums of 16 quants.
+const Q8K_BLOCK: usize = size_of::<BlockQ8K>();
+const Q8K_QS: usize = core::mem::offset_of!(BlockQ8K, qs);
+const Q8K_SUMS: usize = core::mem::offset_of!(BlockQ8K, bsums);
 
 /// The quants of `n_tok` Q8_K rows of `n_in` values (`q`, back to back) as [`Q8kQuants`] rows and sums
 /// per 32 in `out` (grown as needed), one token per thread task.
@@ -479,7 +482,7 @@ impl Plan<'_> {
             let o = unsafe { GemmOut::from_raw(self.out.0.add(t0 * n_out + r0), rr, tt, n_out) };
             let a = &act[t0 * ab..(t0 + tt) * ab];
             match (g.run_quants, self.quants) {
-                (Some(run), Some(q)) => {
+                (Some(QuantsGemm { run, .. }), Some(q)) => {
                     let lines = &q.lines[t0 * n_in / 64..(t0 + tt) * n_in / 64];
                     let sums32 = &q.sums32[t0 * n_in / 256..(t0 + tt) * n_in / 256];
                     run(

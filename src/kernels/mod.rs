@@ -25,6 +25,7 @@ pub const FEW_TOKENS: usize = 4;
 
 pub use dispatch::{
     available, by_isa, kernels, GemmOut, Isa, Kernels, Line64, OpsFns, Q8kQuants, QuantGemm,
+    QuantsGemm,
 };
 pub use matmul::{
     can_multiply, decode_rows_per_item, matmul, matmul_with, matmuls, observe_matmuls, q8k_quants,

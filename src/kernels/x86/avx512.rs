@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 use super::{
     Iq3S, Iq3Xxs, Simd, IQ4NL, IQ4XS, Q2K, Q3K, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
 };
-use crate::kernels::dispatch::{GemmOut, Isa, Kernels, Q8kQuants, QuantGemm};
+use crate::kernels::dispatch::{GemmOut, Isa, Kernels, Q8kQuants, QuantGemm, QuantsGemm};
 use crate::quant::GgmlType;
 
 /// Handed out by `dispatch::available()` only when the CPU reports AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI.
@@ -19,7 +19,10 @@ pub static KERNELS_AMX: Kernels = Kernels {
     quant_gemm: Some(QuantGemm {
         supports: gemm_supports,
         run: gemm_any_amx,
-        run_quants: Some(quant_gemm_amx_quants),
+        run_quants: Some(QuantsGemm {
+            supports: super::kgemm_supports,
+            run: quant_gemm_amx_quants,
+        }),
     }),
     ..TABLE
 };
@@ -133,6 +136,12 @@ super::kgemm_entry!(
     kgemm_amx,
     quant_gemm_amx
 );
+super::kgemm_entry!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    kgemm_amx,
+    quant_gemm_amx_quants,
+    quants
+);
 
 /// The prefill GEMMs: the K-quants' ([`super::kgemm`]) and the IQ formats' ([`super::iqgemm`]).
 fn gemm_supports(ty: GgmlType) -> bool {
@@ -140,46 +149,28 @@ fn gemm_supports(ty: GgmlType) -> bool {
 }
 
 fn gemm_any(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
-    if super::iqgemm::supports(ty) {
-        // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
-        unsafe { super::iqgemm::gemm_avx512(ty, w, a, out) }
-    } else {
-        quant_gemm(ty, w, a, out)
-    }
+    iq_gemm_or(ty, w, a, out, quant_gemm)
 }
 
-/// [`gemm_any_amx`] with the activations' quants in aligned rows (the IQ formats do not take Q8_K
-/// activations, so only the K-quants come here).
-fn quant_gemm_amx_quants(ty: GgmlType, w: &[u8], a: &[u8], qs: Q8kQuants<'_>, out: GemmOut<'_>) {
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    unsafe fn run<K: super::kquants::KFormat>(
-        w: &[u8],
-        a: &[u8],
-        qs: Q8kQuants<'_>,
-        out: GemmOut<'_>,
-    ) {
-        super::kgemm_amx::gemm_quants::<K>(w, a, qs, out)
-    }
-    let f: unsafe fn(&[u8], &[u8], Q8kQuants<'_>, GemmOut<'_>) = match ty {
-        GgmlType::Q2_K => run::<Q2K>,
-        GgmlType::Q3_K => run::<Q3K>,
-        GgmlType::Q4_K => run::<Q4K>,
-        GgmlType::Q5_K => run::<Q5K>,
-        GgmlType::Q6_K => run::<Q6K>,
-        other => return gemm_any_amx(other, w, a, out),
-    };
-    // SAFETY: the AMX table is only handed out after its features and the tile state were confirmed
-    // (`kgemm_amx::detected`); lengths are checked inside.
-    unsafe { f(w, a, qs, out) }
-}
-
+/// The AMX table's: the K-quants on the tiles (the table is only handed out after
+/// `kgemm_amx::detected()`).
 fn gemm_any_amx(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    iq_gemm_or(ty, w, a, out, quant_gemm_amx)
+}
+
+/// The IQ formats' GEMM, or `kquants` for the K-quants.
+fn iq_gemm_or(
+    ty: GgmlType,
+    w: &[u8],
+    a: &[u8],
+    out: GemmOut<'_>,
+    kquants: fn(GgmlType, &[u8], &[u8], GemmOut<'_>),
+) {
     if super::iqgemm::supports(ty) {
         // SAFETY: the table is only handed out after all its features were detected (see `quant_rows`).
         unsafe { super::iqgemm::gemm_avx512(ty, w, a, out) }
     } else {
-        // The AMX table is only handed out after `kgemm_amx::detected()` (AMX-INT8, tiles granted).
-        quant_gemm_amx(ty, w, a, out)
+        kquants(ty, w, a, out)
     }
 }
 

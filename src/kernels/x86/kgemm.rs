@@ -27,13 +27,13 @@ pub(super) const ROWS: usize = 16;
 #[repr(C, align(64))]
 pub(super) struct PanelBlock {
     /// Quad `q` (columns `4q..4q+4`): lane `r` holds row `r`'s four codes (u8).
-    pub(super) codes: [__m512i; 64],
+    codes: [__m512i; 64],
     /// Sub-block `j`'s scale of every row (i32 lanes; 8 sub-blocks of 32 or 16 of 16 columns).
-    pub(super) sc: [__m512i; 16],
+    sc: [__m512i; 16],
     /// Block-sum factor pairs `(corr[2i], corr[2i+1])` of every row (i16 pairs), see `Pre::corr`.
-    pub(super) corr: [__m512i; 8],
-    pub(super) d: __m512,
-    pub(super) dmin: __m512,
+    corr: [__m512i; 8],
+    d: __m512,
+    dmin: __m512,
 }
 
 thread_local! {
@@ -249,7 +249,7 @@ unsafe fn unpack<K: KFormat>(w: *const u8, rb: usize, rows: usize, b: usize, out
 /// # Safety
 /// The CPU features as [`gemm`].
 #[inline(always)]
-pub(super) unsafe fn pack<K: KFormat>(rr: &RowsRead, out: &mut PanelBlock) {
+unsafe fn pack<K: KFormat>(rr: &RowsRead, out: &mut PanelBlock) {
     for (c, chunk) in rr.ch.iter().enumerate() {
         let q = transpose16x8(chunk);
         out.codes[8 * c..8 * c + 8].copy_from_slice(&q);
@@ -350,7 +350,7 @@ pub(super) unsafe fn t4(
 /// Each `a[t]` must point to `panel.len()` Q8_K blocks, and `out[t]` to writable floats for the lanes in
 /// `mask`; the CPU features as [`gemm`].
 #[inline(always)]
-pub(super) unsafe fn tile<K: KFormat, const T: usize>(
+unsafe fn tile<K: KFormat, const T: usize>(
     panel: &[PanelBlock],
     a: [*const u8; T],
     out: [*mut f32; T],

@@ -10,8 +10,8 @@
 //! kernels form, and the float epilogue (the mins' block sums, `d`, `dmin`) is theirs, in their order:
 //! the results are bit-identical to them (prefill still equals decode).
 //!
-//! Layout: tile A is 16 tokens × 64 activation bytes (one token's quants per tile row: from 64-byte
-//! aligned copies of them when `matmuls` makes those, [`Q8kQuants`], else from the Q8_K rows in place),
+//! Layout: tile A is 16 tokens × 64 activation bytes (one token's quants per tile row, from the 64-byte
+//! aligned copies of them that `matmuls` makes once per call, [`Q8kQuants`]),
 //! tile B 16 quads × 16 weight rows × 4 bytes (the AVX-512 panel's quad layout), tile C 16 tokens × 16
 //! rows of i32. Double-buffered source tiles let a step's loads go ahead of the previous products; the
 //! epilogue of a super-block runs on the vector units while the tiles multiply the next one. The columns
@@ -24,12 +24,12 @@ use std::cell::Cell;
 use std::sync::OnceLock;
 
 use super::kgemm::{dpwssd_bcast, pack_epilogue, read_rows, transpose16x8, ROWS};
-use super::kquants::{KFormat, AB, ABSUMS, AQS};
+use super::kquants::{KFormat, AB, ABSUMS};
+use super::{read_f32, PanelPrefetch};
+use crate::kernels::{GemmOut, Q8kQuants};
 
 /// Values per Q8_K block.
 const QK: usize = 256;
-use super::{read_f32, PanelPrefetch};
-use crate::kernels::{GemmOut, Q8kQuants};
 
 /// Whether the CPU has AMX-TILE and AMX-INT8 and the OS lets this process use the tile registers
 /// (Linux: `arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`, asked once).
@@ -119,37 +119,36 @@ const CONFIG: TileConfig = {
 /// # Safety
 /// The CPU must have AVX2, FMA, F16C, AVX-512 F/BW/VL/VNNI (the caller's target features) and AMX-INT8
 /// with the tile state granted ([`detected`]).
+///
+/// For callers other than `matmuls`, which copies the quants once per call and calls [`gemm_quants`]:
+/// the copy is made here.
 #[inline(always)]
 pub(super) unsafe fn gemm<K: KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
-    drive::<K>(w, a, None, out)
+    if out.n_tok() < 16 {
+        return super::kgemm::gemm::<K>(w, a, out);
+    }
+    let n_in = out.blocks(w, a, K::WB, AB).1 * QK;
+    let mut buf = (Vec::new(), Vec::new());
+    crate::kernels::q8k_quants(a, n_in, &mut buf);
+    let qs = Q8kQuants {
+        lines: &buf.0,
+        sums32: &buf.1,
+        n_in,
+    };
+    gemm_quants::<K>(w, a, qs, out)
 }
 
-/// [`gemm`] with the activations' quants also as aligned rows `qs`, which the tiles load from instead of
-/// the Q8_K rows (whose 64-byte pieces straddle two cache lines each): the same results.
-///
-/// # Safety
-/// As [`gemm`].
-#[inline(always)]
-pub(super) unsafe fn gemm_quants<K: KFormat>(
-    w: &[u8],
-    a: &[u8],
-    qs: Q8kQuants<'_>,
-    out: GemmOut<'_>,
-) {
-    drive::<K>(w, a, Some(qs), out)
-}
-
-/// Where a tile's activation rows come from: block `b` of token `t` at `base + t·stride + b·block`.
+/// Where a tile's activation rows come from: token `t`'s quants of block `b` at `base + t·stride + b·QK`,
+/// its sums per 32 at `sums32 + t·nb + b`.
 #[derive(Clone, Copy)]
 struct ActRows {
     base: *const u8,
     stride: usize,
-    block: usize,
-    /// The sums per 32 of token `t`'s block `b` at `sums32 + t·nb + b`, if given.
-    sums32: Option<*const [i16; 8]>,
+    sums32: *const [i16; 8],
 }
 
-/// [`gemm`], the tiles reading the quants from `qs` if given, else from the Q8_K rows.
+/// [`gemm`] with the activations' quants also as aligned rows `qs` (the tiles load from them: a 64-byte
+/// piece of a Q8_K row straddles two cache lines) with their sums per 32.
 ///
 /// The rows are cut into 16-row panels and the columns into chunks of super-blocks whose unpacked blocks
 /// (all panels') fit [`CHUNK_BYTES`]; per chunk, every 16 tokens' quants (from L1) meet every panel, and
@@ -158,13 +157,27 @@ struct ActRows {
 /// # Safety
 /// As [`gemm`].
 #[inline(always)]
-unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut out: GemmOut<'_>) {
+pub(super) unsafe fn gemm_quants<K: KFormat>(
+    w: &[u8],
+    a: &[u8],
+    qs: Q8kQuants<'_>,
+    mut out: GemmOut<'_>,
+) {
     let (n_rows, n_tok) = (out.rows(), out.n_tok());
     let n_amx = n_tok / 16 * 16;
     if n_amx == 0 || n_rows == 0 {
         return super::kgemm::gemm::<K>(w, a, out);
     }
     let (rb, nb) = out.blocks(w, a, K::WB, AB);
+    assert!(
+        qs.n_in == nb * QK
+            && qs.lines.len() * 64 >= n_tok * qs.n_in
+            && qs.sums32.len() >= n_tok * nb,
+        "kgemm_amx: {} quant lines and {} sums of {} for {n_tok} tokens of {nb} blocks",
+        qs.lines.len(),
+        qs.sums32.len(),
+        qs.n_in
+    );
     let tok_stride = nb * AB;
     if n_amx < n_tok {
         // The tokens past the last 16: the AVX-512 GEMM.
@@ -179,31 +192,6 @@ unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut o
         blocks.resize(n_panels * chunk, unsafe { core::mem::zeroed() });
     }
     let (wp, ap) = (w.as_ptr(), a.as_ptr());
-    let rows_at = match qs {
-        Some(q) => {
-            assert!(
-                q.n_in == nb * QK
-                    && q.lines.len() * 64 >= n_tok * q.n_in
-                    && q.sums32.len() >= n_tok * nb,
-                "kgemm_amx: {} quant lines and {} sums of {} for {n_tok} tokens of {nb} blocks",
-                q.lines.len(),
-                q.sums32.len(),
-                q.n_in
-            );
-            ActRows {
-                base: q.lines.as_ptr() as *const u8,
-                stride: q.n_in,
-                block: QK,
-                sums32: Some(q.sums32.as_ptr()),
-            }
-        }
-        None => ActRows {
-            base: ap.add(AQS),
-            stride: tok_stride,
-            block: AB,
-            sums32: None,
-        },
-    };
     // SAFETY: reads the 64-byte configuration.
     asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(readonly, nostack, preserves_flags));
     for k0 in (0..nb).step_by(chunk) {
@@ -227,9 +215,9 @@ unsafe fn drive<K: KFormat>(w: &[u8], a: &[u8], qs: Option<Q8kQuants<'_>>, mut o
         let per_tile = prefetch.left().div_ceil(n_amx / 16 * n_panels);
         for t in (0..n_amx).step_by(16) {
             let quants = ActRows {
-                base: rows_at.base.add(t * rows_at.stride + k0 * rows_at.block),
-                sums32: rows_at.sums32.map(|p| p.add(t * nb + k0)),
-                ..rows_at
+                base: (qs.lines.as_ptr() as *const u8).add(t * qs.n_in + k0 * QK),
+                stride: qs.n_in,
+                sums32: qs.sums32.as_ptr().add(t * nb + k0),
             };
             for p in 0..n_panels {
                 let rows = ROWS.min(n_rows - p * ROWS);
@@ -395,7 +383,7 @@ unsafe fn tile<K: KFormat>(
     } else {
         core::array::from_fn(|t| _mm512_maskz_loadu_ps(mask, out[t]))
     };
-    let block_quants = |b: usize| quants.base.add(b * quants.block);
+    let block_quants = |b: usize| quants.base.add(b * QK);
     // [hi, lo]
     let mut sums = [Sums([zero; 16]); 2];
     zero_sums();
@@ -421,19 +409,17 @@ unsafe fn tile<K: KFormat>(
                 let ab = a0.add(t * stride + b * AB);
                 let dy = _mm512_set1_ps(read_f32(ab));
                 if K::MINS {
-                    // Σ corr·bsums: with the sums per 32, 4 pairs instead of 8 (the same integer).
+                    // Σ corr·bsums (the same integer as the AVX-512 GEMM's): with the sums per 32 for
+                    // one min per 32 columns, 4 pairs instead of 8.
                     let mut m = zero;
-                    match quants.sums32.filter(|_| !K::SCALES16) {
-                        Some(p) => {
-                            let sums = p.add(t * nb + b) as *const u8;
-                            for (k, c) in blk.mins32.iter().enumerate() {
-                                m = dpwssd_bcast(m, *c, sums.add(4 * k));
-                            }
+                    if K::SCALES16 {
+                        for (i, c) in blk.corr.iter().enumerate() {
+                            m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
                         }
-                        None => {
-                            for (i, c) in blk.corr.iter().enumerate() {
-                                m = dpwssd_bcast(m, *c, ab.add(ABSUMS + 4 * i));
-                            }
+                    } else {
+                        let sums = quants.sums32.add(t * nb + b) as *const u8;
+                        for (k, c) in blk.mins32.iter().enumerate() {
+                            m = dpwssd_bcast(m, *c, sums.add(4 * k));
                         }
                     }
                     *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(blk.d, dy), *acc);

@@ -400,18 +400,21 @@ fn kgemm_supports(ty: crate::quant::GgmlType) -> bool {
 }
 
 /// A table's `quant_gemm` entry: `fn quant_gemm(ty, w, a, out)` (or `fn $name`) dispatching the K-quants
-/// to `$module::gemm::<K>`, each instantiation compiled with `$features`.
+/// to `$module::gemm::<K>`, each instantiation compiled with `$features`; with `quants`, its
+/// `run_quants` entry `fn $name(ty, w, a, qs, out)` dispatching to `$module::gemm_quants::<K>`.
 macro_rules! kgemm_entry {
-    ($features:literal, $module:ident) => {
-        super::kgemm_entry!($features, $module, quant_gemm);
-    };
-    ($features:literal, $module:ident, $name:ident) => {
-        fn $name(ty: GgmlType, w: &[u8], a: &[u8], out: GemmOut<'_>) {
+    (@entry $features:literal, $name:ident, $module:ident :: $gemm:ident, ($($arg:ident: $ty:ty),*)) => {
+        fn $name(ty: GgmlType, w: &[u8], a: &[u8], $($arg: $ty,)* out: GemmOut<'_>) {
             #[target_feature(enable = $features)]
-            unsafe fn run<K: super::kquants::KFormat>(w: &[u8], a: &[u8], out: GemmOut<'_>) {
-                super::$module::gemm::<K>(w, a, out)
+            unsafe fn run<K: super::kquants::KFormat>(
+                w: &[u8],
+                a: &[u8],
+                $($arg: $ty,)*
+                out: GemmOut<'_>,
+            ) {
+                super::$module::$gemm::<K>(w, a, $($arg,)* out)
             }
-            let f: unsafe fn(&[u8], &[u8], GemmOut<'_>) = match ty {
+            let f: unsafe fn(&[u8], &[u8], $($ty,)* GemmOut<'_>) = match ty {
                 GgmlType::Q2_K => run::<Q2K>,
                 GgmlType::Q3_K => run::<Q3K>,
                 GgmlType::Q4_K => run::<Q4K>,
@@ -420,9 +423,18 @@ macro_rules! kgemm_entry {
                 other => panic!("quant_gemm called with {other}"),
             };
             // SAFETY: the table holding this entry is only handed out after `detected()` confirmed
-            // `$features`; lengths are checked inside.
-            unsafe { f(w, a, out) }
+            // `$features` (and, for the AMX table, the tile state); lengths are checked inside.
+            unsafe { f(w, a, $($arg,)* out) }
         }
+    };
+    ($features:literal, $module:ident) => {
+        super::kgemm_entry!(@entry $features, quant_gemm, $module::gemm, ());
+    };
+    ($features:literal, $module:ident, $name:ident) => {
+        super::kgemm_entry!(@entry $features, $name, $module::gemm, ());
+    };
+    ($features:literal, $module:ident, $name:ident, quants) => {
+        super::kgemm_entry!(@entry $features, $name, $module::gemm_quants, (qs: Q8kQuants<'_>));
     };
 }
 pub(crate) use kgemm_entry;
